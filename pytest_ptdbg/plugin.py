@@ -1,1 +1,178 @@
-"""pytest plugin entry point (``pytest11: ptdbg``). Filled in by the plugin issue."""
+"""pytest plugin entry point (``pytest11: ptdbg``): options, marker, ``ptdbg_dump`` fixture, summary.
+
+Imported by pytest for every session, so nothing heavy at import: torch and pandas are imported
+by ``plugin_fixture``/``plugin_run`` when a test first uses the fixture.
+
+Artifacts of a session go under the dump directory (``--ptdbg-dump-dir``; default
+``<basetemp>/ptdbg`` with ``--basetemp``, else ``.pytest_cache/d/ptdbg``): one folder per test
+(``<worker>/`` in front under xdist) and ``ptdbg_summary.json``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any, Dict, Optional, Set
+
+import pytest
+
+from pytest_ptdbg import plugin_options
+from pytest_ptdbg.plugin_golden import stale_goldens
+from pytest_ptdbg.plugin_summary import REPORT_ATTR, SessionSummary
+
+#: marker file in each test's artifact folder; the session start clears only folders holding it
+ARTIFACT_MARK = ".ptdbg-artifacts"
+
+
+class PtdbgState:
+    """Per-process plugin state (config.stash)."""
+
+    def __init__(self, config: Any, settings: plugin_options.Settings, dump_root: str) -> None:
+        self.config = config
+        self.settings = settings
+        self.dump_root = dump_root
+        self.worker_id: Optional[str] = (getattr(config, "workerinput", None) or {}).get("workerid")
+        self.summary = SessionSummary(dump_root, settings.golden)
+        self.known_ids: Set[str] = set()
+        self.basetemp_ready = False
+
+    @property
+    def is_worker(self) -> bool:
+        return self.worker_id is not None
+
+    def test_root(self) -> str:
+        """Where this process puts its tests' folders (per worker under xdist)."""
+        return os.path.join(self.dump_root, self.worker_id) if self.worker_id else self.dump_root
+
+
+STATE = pytest.StashKey[PtdbgState]()
+CALL_REPORT = pytest.StashKey[Dict[str, Any]]()
+
+
+def pytest_addoption(parser: Any) -> None:
+    plugin_options.addoption(parser)
+
+
+def _default_dump_root(config: Any) -> str:
+    basetemp = config.getoption("basetemp", None)
+    if basetemp:
+        return os.path.join(os.path.abspath(str(basetemp)), "ptdbg")
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        return str(cache.mkdir("ptdbg"))
+    return os.path.join(tempfile.gettempdir(), f"pytest-ptdbg-{os.getuid() if hasattr(os, 'getuid') else 'user'}")
+
+
+def _clear_previous(root: str) -> None:
+    """Remove the test folders and summary of an earlier session (only what the plugin wrote)."""
+    if not os.path.isdir(root):
+        return
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name in ("ptdbg_summary.json",):
+            os.remove(path)
+        elif os.path.isdir(path):
+            _clear_marked(path)
+
+
+def _clear_marked(path: str) -> None:
+    if os.path.exists(os.path.join(path, ARTIFACT_MARK)):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for name in os.listdir(path):
+        sub = os.path.join(path, name)
+        if os.path.isdir(sub):
+            _clear_marked(sub)
+    try:
+        os.rmdir(path)  # only when empty
+    except OSError:
+        pass
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", plugin_options.MARKER_HELP)
+    try:
+        settings, dump_dir = plugin_options.session_settings(config)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput and workerinput.get("ptdbg_dump_root"):
+        root = workerinput["ptdbg_dump_root"]
+    else:
+        root = dump_dir or _default_dump_root(config)
+        # --basetemp is wiped by pytest when first used; the fixture clears ours then.
+        if not config.getoption("basetemp", None):
+            _clear_previous(root)
+    state = PtdbgState(config, settings, root)
+    if dump_dir or not config.getoption("basetemp", None) or workerinput:
+        state.basetemp_ready = True
+    config.stash[STATE] = state
+    config.pluginmanager.register(_SessionHooks(state), "ptdbg-session")
+
+
+class _SessionHooks:
+    """Hooks that need the session's state (registered per config in pytest_configure)."""
+
+    def __init__(self, state: PtdbgState) -> None:
+        self.state = state
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """xdist controller: every worker writes under the controller's dump directory."""
+        node.workerinput["ptdbg_dump_root"] = self.state.dump_root
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: Any) -> None:
+        self.state.known_ids.update(ids)
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        self.state.known_ids.update(item.nodeid for item in session.items)
+
+    def pytest_deselected(self, items: Any) -> None:
+        self.state.known_ids.update(item.nodeid for item in items)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: Any, call: Any) -> Any:
+        report = yield
+        item.stash.setdefault(CALL_REPORT, {})[report.when] = report
+        if report.when == "teardown":
+            entries = getattr(item, "_ptdbg_entries", None)
+            if entries:
+                setattr(report, REPORT_ATTR, [dict(e) for e in entries])
+        return report
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        # xdist: the controller gets every worker's reports here; without xdist, our own.
+        if report.when == "teardown" and not self.state.is_worker:
+            self.state.summary.add_report(report)
+
+    def pytest_sessionfinish(self, session: Any) -> None:
+        state = self.state
+        if state.is_worker:
+            return
+        if state.settings.golden:
+            state.summary.stale = stale_goldens(state.settings.golden, state.known_ids,
+                                                str(session.config.rootpath))
+        state.summary.write_json()
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.state.is_worker:
+            self.state.summary.write_terminal(terminalreporter)
+
+
+@pytest.fixture
+def ptdbg_dump(request: Any) -> Any:
+    """Run a step on the device under test and on the bench under the dump hooks, and compare.
+
+    ``result = ptdbg_dump(model, inputs, step=None, **settings)``; ``result.assert_precision()``.
+    Also ``ptdbg_dump.compare_runs(run, reference, inputs=())`` for two callables on one device.
+    """
+    from pytest_ptdbg.plugin_fixture import PtdbgDump
+
+    state = request.config.stash[STATE]
+    if not state.basetemp_ready:
+        request.getfixturevalue("tmp_path_factory").getbasetemp()  # pytest wipes --basetemp first
+        state.basetemp_ready = True
+    dump = PtdbgDump(request, state, ARTIFACT_MARK)
+    yield dump
+    dump.finish(request.node.stash.get(CALL_REPORT, {}))

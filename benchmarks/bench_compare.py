@@ -1,0 +1,168 @@
+"""Benchmark: compare two full-tensor dumps of the TransformerEncoder workload.
+
+Workload (example_models.bench_transformer): d_model 256, 4 heads, 4 layers, batch 8, seq 128,
+one AdamW training step, dumped twice with PrecisionDebugger (mode api_stack, full tensors); the
+"NPU" run has relative 1e-6 noise on every weight so that every tensor differs a little.
+
+Measured (medians over ``--reps``, warm page cache: one untimed run first):
+
+* full compare through ``compare()`` (reading, pairing, metrics, CSV, advisor, HTML) and through
+  ``build_table`` alone, in GB/s of tensor input (both sides), with 2 and 1 worker threads;
+* peak memory: ``ru_maxrss`` of a fresh process running only the compare (its growth over the
+  imports), and the tracemalloc peak of one run, against the largest tensor pair;
+* the statistics-only console command (``ptdbg compare --summary``) including process start-up.
+
+``python benchmarks/bench_compare.py [--dir DIR] [--reps 3]``; the dumps are kept in DIR and reused.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def make_dumps(d: str) -> None:
+    import torch
+
+    sys.path.insert(0, ROOT)
+    from example_models import bench_transformer, train_step
+    from pytest_ptdbg import PrecisionDebugger
+
+    torch.set_num_threads(1)
+    for name, noise in (("npu", 1e-6), ("bench", 0.0)):
+        out = os.path.join(d, name)
+        if os.path.isdir(os.path.join(out, "ptdbg_dump_v4.0")):
+            continue
+        model, batch = bench_transformer(seed=0)
+        if noise:
+            g = torch.Generator().manual_seed(1)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(1 + noise * torch.randn(p.shape, generator=g))
+        torch.manual_seed(0)  # same dropout masks in both runs
+        dbg = PrecisionDebugger(dump_path=out, hook_name="dump", step=[0])
+        dbg.configure_hook(mode="api_stack")
+        t = time.perf_counter()
+        dbg.start()
+        train_step(model, batch)
+        dbg.stop()
+        dbg.step()
+        print(f"dumped {name} in {time.perf_counter() - t:.1f} s", flush=True)
+
+
+def measure(d: str, reps: int, workers: int, trace: bool) -> dict:
+    """Runs in a fresh process: times compare on warm files, reports memory."""
+    import resource
+
+    import numpy as np  # noqa: F401  (imports counted before the baseline)
+    import pandas  # noqa: F401
+
+    from pytest_ptdbg.compare import api, table
+    from pytest_ptdbg.dump import reader
+
+    table.WORKERS = workers
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    npu = reader.read_dump(os.path.join(d, "npu"))
+    bench = reader.read_dump(os.path.join(d, "bench"))
+    nb = {a.key: a for a in bench.apis}
+    in_bytes, largest = 0, 0
+    for a in npu.apis:
+        b = nb.get(a.key)
+        if b is None:
+            continue
+        bt = {t.slot: t for t in b.tensors}
+        for t in a.tensors:
+            u = bt.get(t.slot)
+            if t.data_file and u is not None and u.data_file:
+                pair = os.path.getsize(t.data_file) + os.path.getsize(u.data_file)
+                in_bytes += pair
+                largest = max(largest, pair)
+    param = {"npu_pkl_path": os.path.join(d, "npu"), "bench_pkl_path": os.path.join(d, "bench"),
+             "is_print_compare_log": False}
+    out = os.path.join(d, "out")
+    api.compare(param, out)  # warm-up: page cache, imports of advisor/reports
+    full, kern = [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        r = api.compare(param, out)
+        full.append(time.perf_counter() - t)
+        n2 = reader.read_dump(os.path.join(d, "npu"))
+        b2 = reader.read_dump(os.path.join(d, "bench"))
+        t = time.perf_counter()
+        table.build_table(n2, b2)
+        kern.append(time.perf_counter() - t)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    res = {"workers": workers, "input_bytes": in_bytes, "largest_pair_bytes": largest,
+           "rows": len(r.table), "compare_s": statistics.median(full), "table_s": statistics.median(kern),
+           "rss_growth_mb": (peak_rss - base_rss) / 1024, "passed": r.passed}
+    if trace:
+        import tracemalloc
+
+        tracemalloc.start()
+        n2 = reader.read_dump(os.path.join(d, "npu"))
+        b2 = reader.read_dump(os.path.join(d, "bench"))
+        table.build_table(n2, b2)
+        res["tracemalloc_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2 ** 20
+        tracemalloc.stop()
+    return res
+
+
+def cli_summary(d: str, reps: int) -> float:
+    exe = shutil.which("ptdbg")
+    cmd = [exe] if exe else [sys.executable, "-m", "pytest_ptdbg.cli"]
+    cmd += ["compare", os.path.join(d, "npu"), os.path.join(d, "bench"), "-o", os.path.join(d, "out_s"),
+            "--summary", "-q"]
+    subprocess.run(cmd, capture_output=True)  # warm
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        ts.append(time.perf_counter() - t)
+        if p.returncode not in (0, 1):
+            raise RuntimeError(p.stderr)
+    return statistics.median(ts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", default="/tmp/ptdbg_bench_compare")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--workers", type=int, default=2, help=argparse.SUPPRESS)
+    ap.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.measure:
+        print(json.dumps(measure(a.dir, a.reps, a.workers, a.trace)))
+        return
+    os.makedirs(a.dir, exist_ok=True)
+    make_dumps(a.dir)
+    rows = []
+    for workers, trace in ((2, True), (1, False)):
+        p = subprocess.run([sys.executable, __file__, "--measure", "--dir", a.dir, "--reps", str(a.reps),
+                            "--workers", str(workers)] + (["--trace"] if trace else []),
+                           capture_output=True, text=True, cwd=ROOT)
+        if p.returncode:
+            raise SystemExit(p.stderr)
+        rows.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    gb = rows[0]["input_bytes"] / 1e9
+    print(f"input: {gb:.3f} GB of tensors (both sides), {rows[0]['rows']} rows; "
+          f"largest pair {rows[0]['largest_pair_bytes'] / 2**20:.1f} MiB")
+    for r in rows:
+        print(f"workers={r['workers']}: compare() {r['compare_s']:.2f} s = {gb / r['compare_s']:.2f} GB/s; "
+              f"build_table {r['table_s']:.2f} s = {gb / r['table_s']:.2f} GB/s; "
+              f"ru_maxrss growth {r['rss_growth_mb']:.0f} MiB")
+    print(f"2 vs 1 worker speed-up (compare()): {rows[1]['compare_s'] / rows[0]['compare_s']:.2f}x")
+    print(f"tracemalloc peak during build_table: {rows[0]['tracemalloc_peak_mb']:.1f} MiB")
+    print(f"statistics-only CLI (ptdbg compare --summary, incl. start-up): {cli_summary(a.dir, 5):.2f} s")
+
+
+if __name__ == "__main__":
+    main()

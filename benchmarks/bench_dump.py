@@ -1,0 +1,166 @@
+"""Dump overhead: step time plain vs. under PrecisionDebugger (statistics only, full tensors).
+
+    python benchmarks/bench_dump.py [--reps 7] [--models mlp,transformer] [--out DIR]
+
+Workloads (issue 2): (a) MLP, 3 x Linear 512, batch 64, SGD; (b) nn.TransformerEncoder, d_model
+256, 4 heads, 4 layers, batch 8, seq 128, AdamW. One training step = zero_grad, forward, loss,
+backward, optimizer step, with a persistent optimizer (steady state). torch.set_num_threads(1);
+the variants are interleaved rep by rep and the median step time of each is reported, with the
+ratio to plain measured in the same run. Each dumped step writes a fresh dump (the previous one is
+deleted outside the timed region). If ``msprobe`` (mindstudio-probe) imports, it is measured side
+by side; it is never a dependency.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+import example_models as em  # noqa: E402
+from pytest_ptdbg import PrecisionDebugger  # noqa: E402
+
+TARGETS = {("transformer", "stats"): 1.25, ("mlp", "stats"): 1.6, ("transformer", "full"): 3.0}
+
+
+def make_workload(name: str):
+    """``(step_fn)``: one training step of the named benchmark model with its own optimizer."""
+    factory = {"mlp": em.bench_mlp, "transformer": em.bench_transformer}[name]
+    model, batch = factory(seed=0)
+    model.train()
+    opt = em.make_optimizer(model)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(batch)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def time_plain(step: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    step()
+    return time.perf_counter() - t0
+
+
+class PtdbgRunner:
+    """A persistent debugger dumping every step, as in a training loop: ``start; step; stop;
+    debugger.step()`` is timed; the finished step's dump is deleted afterwards, untimed."""
+
+    def __init__(self, out: str, summary_only: bool) -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        self.out = out
+        self.dbg = PrecisionDebugger(dump_path=out, hook_name="dump", step=None)
+        self.dbg.configure_hook(mode="api_stack", summary_only=summary_only)
+
+    def __call__(self, step: Callable[[], None]) -> float:
+        dbg = self.dbg
+        n = dbg.current_step
+        t0 = time.perf_counter()
+        dbg.start()
+        step()
+        dbg.stop()
+        dbg.step()
+        dt = time.perf_counter() - t0
+        shutil.rmtree(os.path.join(self.out, "ptdbg_dump_v4.0", f"step{n}"), ignore_errors=True)
+        return dt
+
+
+def _msprobe_timer():  # pragma: no cover - only where mindstudio-probe is installed
+    try:
+        from msprobe.pytorch import PrecisionDebugger as MsDebugger  # type: ignore
+    except Exception:
+        return None
+    import json
+
+    def run(step: Callable[[], None], out: str, summary_only: bool) -> float:
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out, exist_ok=True)
+        cfg = os.path.join(out, "config.json")
+        task = "statistics" if summary_only else "tensor"
+        with open(cfg, "w") as f:
+            json.dump({"task": task, "dump_path": os.path.join(out, "d"), "rank": [], "step": [],
+                       "level": "L1", task: {"scope": [], "list": [], "data_mode": ["all"]}}, f)
+        dbg = MsDebugger(config_path=cfg)
+        t0 = time.perf_counter()
+        dbg.start()
+        step()
+        dbg.stop()
+        dbg.step()
+        return time.perf_counter() - t0
+
+    return run
+
+
+def bench(name: str, reps: int, out_root: str, with_full: bool) -> Dict[str, float]:
+    step = make_workload(name)
+    stats = PtdbgRunner(os.path.join(out_root, name + "_stats"), True)
+    variants: Dict[str, Callable[[], float]] = {
+        "plain": lambda: time_plain(step),
+        "stats": lambda: stats(step),
+    }
+    if with_full:
+        full = PtdbgRunner(os.path.join(out_root, name + "_full"), False)
+        variants["full"] = lambda: full(step)
+    ms = _msprobe_timer()
+    if ms is not None:
+        variants["msprobe_stats"] = lambda: ms(step, os.path.join(out_root, name + "_ms_s"), True)
+        if with_full:
+            variants["msprobe_full"] = lambda: ms(step, os.path.join(out_root, name + "_ms_f"), False)
+    for fn in variants.values():  # warm-up (optimizer state, allocator, caches)
+        fn()
+        fn()
+    times: Dict[str, List[float]] = {k: [] for k in variants}
+    for _ in range(reps):
+        for k, fn in variants.items():
+            times[k].append(fn())
+    stats.dbg.close()
+    if with_full:
+        full.dbg.close()
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=7, help="timed repetitions per variant (median)")
+    ap.add_argument("--models", default="mlp,transformer")
+    ap.add_argument("--out", default=None, help="scratch directory for dumps (default: a temp dir)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    out_root = args.out or tempfile.mkdtemp(prefix="ptdbg_bench_")
+    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, reps={args.reps}, scratch={out_root}")
+    ok = True
+    try:
+        for name in args.models.split(","):
+            med = bench(name, args.reps, out_root, with_full=True)
+            base = med["plain"]
+            print(f"\n{name}: plain {base * 1e3:.1f} ms/step")
+            for k, v in med.items():
+                if k == "plain":
+                    continue
+                ratio = v / base
+                tgt = TARGETS.get((name, k))
+                flag = "" if tgt is None else (f"  (target <= {tgt}x: {'met' if ratio <= tgt else 'MISSED'})")
+                if tgt is not None and ratio > tgt:
+                    ok = False
+                print(f"  {k:14s} {v * 1e3:8.1f} ms/step  {ratio:5.2f}x{flag}")
+    finally:
+        if args.out is None:
+            shutil.rmtree(out_root, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The example precision suite: what a user's precision regression tests look like.
+
+Run it against the CPU bench (the README's main job)::
+
+    pytest example_models --ptdbg-bench=cpu
+
+- every example model's training step (forward, backward, optimizer step) matches the bench in
+  float32 under ptdbg's default rule;
+- bf16 autocast on the device under test against the float32 bench passes under the dtype-aware
+  rule with bf16 tolerances (the default float32 tolerances would fail every tensor downstream of
+  the first bf16 op: that is the format, not a bug);
+- a planted precision fault (a softmax computed in float16 without max subtraction, in attention
+  layer 1 of the tiny GPT) is caught and localised: the test asserts the failure and its suspect,
+  so the suite stays green while showing what a failure looks like (its HTML report is kept).
+"""
+import pytest
+
+import example_models as em
+from pytest_ptdbg import PrecisionError
+
+MODELS = ["mlp", "cnn", "tiny_gpt", "lstm"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_train_step_matches_bench_fp32(ptdbg_dump, name):
+    model, batch = em.MODELS[name]()
+    result = ptdbg_dump(model, batch, step=em.train_step, dtype="float32")
+    result.assert_precision()
+
+
+# bf16 tolerances (assert_close's rtol for bf16) for every tensor: under autocast the float32
+# tensors downstream of a bf16 op carry bf16-sized errors too; a few elements near zero may
+# exceed them (5%); the optimizer's first AdamW/SGD update is left out (it normalises tiny
+# gradient differences into full-size steps).
+@pytest.mark.ptdbg(rule="dtype", rtol=1.6e-2, atol=1e-3, max_fail_fraction=0.05,
+                   ignore_optimizer=True)
+@pytest.mark.parametrize("name", ["mlp", "lstm"])
+def test_bf16_autocast_within_dtype_tolerances(ptdbg_dump, name):
+    model, batch = em.MODELS[name]()
+    result = ptdbg_dump(model, batch, step=em.train_step, dtype="bfloat16")
+    result.assert_precision()
+    if name == "mlp":  # the same run judged with float32's tolerances fails, at the first bf16 op
+        with pytest.raises(PrecisionError, match="reduced-precision"):
+            result.assert_precision(rtol=1.3e-6, atol=1e-5, max_fail_fraction=0.0)
+
+
+def _plant_fault(model, batch):
+    """The device under test's "kernel": softmax in float16 without max subtraction, layer 1."""
+    em.set_faulty_softmax(model, layer=1)
+    return em.train_step(model, batch)
+
+
+@pytest.mark.ptdbg(rule="dtype", ignore_optimizer=True, keep="all")
+def test_planted_softmax_fault_is_caught_and_localised(ptdbg_dump):
+    model, batch = em.tiny_gpt()
+    result = ptdbg_dump.compare_runs(_plant_fault, em.train_step, model, batch, dtype="float32")
+
+    assert not result.passed
+    with pytest.raises(PrecisionError) as failure:
+        result.assert_precision()
+    first = result.first_suspect
+    # the softmax of layer 0 makes calls to_0, exp_0, sum_0, div_0, to_1; the faulty layer 1's
+    # softmax makes to_2 (the cast to float16), exp_1, sum_1, div_1, to_3
+    layer1_softmax = {"Tensor_to_2_forward", "Tensor_exp_1_forward", "Torch_exp_1_forward",
+                      "Tensor_sum_1_forward", "Tensor_div_1_forward", "Tensor___truediv___1_forward"}
+    assert first.api in layer1_softmax, first.api
+    assert "models.py" in first.location and " in softmax: " in first.location
+    message = str(failure.value)
+    assert f"first suspect: {first.api}" in message
+    assert result.html_path and result.html_path in message

@@ -1,0 +1,311 @@
+"""What kind of API a suspect is, and plain-English advice for it.
+
+No torch, no pandas: pure functions over names, dtypes and numbers, so the advisor and the
+reports can share them. :func:`categorize` picks one category per suspect (the most specific
+first) and :func:`advice_for` writes the advice paragraph.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Iterable, Optional, Sequence, Tuple
+
+# ---------------------------------------------------------------------------- categories
+
+NONFINITE = "NaN/Inf first appearing"
+UNPAIRED = "call on one side only"
+OPTIMIZER = "optimizer update"
+COLLECTIVE = "collective communication"
+RANDOM = "random op"
+BATCH_NORM = "batch_norm running statistics"
+LOW_PRECISION = "reduced-precision compute"
+NONDETERMINISTIC = "non-deterministic kernel"
+REDUCTION = "reduction or normalisation"
+INHERITED = "inherited error"
+INPUTS_DIFFER = "inputs differ at the start"
+COMPUTATION = "computation"
+
+_RANDOM_OPS = {
+    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+    "native_dropout", "fused_dropout", "rand", "randn", "randint", "randperm", "rand_like",
+    "randn_like", "randint_like", "bernoulli", "multinomial", "normal", "uniform", "exponential",
+    "geometric", "cauchy", "log_normal", "random", "rrelu", "poisson", "gumbel_softmax",
+}
+_BATCH_NORM_OPS = {"batch_norm", "native_batch_norm", "sync_batch_norm", "cudnn_batch_norm",
+                   "_batch_norm_impl_index", "batch_norm_stats", "batch_norm_elemt"}
+_REDUCTION_OPS = {
+    "sum", "nansum", "mean", "nanmean", "prod", "cumsum", "cumprod", "softmax", "log_softmax",
+    "softmin", "layer_norm", "group_norm", "instance_norm", "rms_norm", "local_response_norm",
+    "norm", "vector_norm", "matrix_norm", "frobenius_norm", "nuclear_norm", "var", "std",
+    "var_mean", "std_mean", "logsumexp", "logcumsumexp", "cross_entropy", "nll_loss",
+    "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "binary_cross_entropy",
+    "binary_cross_entropy_with_logits", "normalize", "cosine_similarity", "pairwise_distance",
+    "cdist", "dist", "trace", "ctc_loss", "poisson_nll_loss", "gaussian_nll_loss",
+    "margin_ranking_loss", "soft_margin_loss", "multilabel_soft_margin_loss",
+    "scaled_dot_product_attention", "batch_norm", "native_batch_norm", "sync_batch_norm",
+}
+_NONDETERMINISTIC_OPS = {
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+    "convolution", "_convolution", "conv_tbc", "matmul", "mm", "bmm", "addmm", "addbmm",
+    "baddbmm", "addmv", "mv", "linear", "bilinear", "einsum", "tensordot", "index_add",
+    "scatter_add", "scatter", "scatter_reduce", "index_put", "put", "index_copy", "embedding",
+    "embedding_bag", "ctc_loss", "nll_loss", "interpolate", "upsample", "upsample_bilinear",
+    "upsample_nearest", "grid_sample", "max_pool1d", "max_pool2d", "max_pool3d",
+    "adaptive_max_pool2d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d", "lstm", "gru", "rnn_tanh", "rnn_relu", "layer_norm",
+    "scaled_dot_product_attention", "cumsum", "histc", "bincount", "kthvalue", "median",
+    "gather", "index_select", "take_along_dim",
+}
+_LOW_PRECISION = {"torch.float16": ("float16", 2.0 ** -11), "torch.bfloat16": ("bfloat16", 2.0 ** -8),
+                  "float16": ("float16", 2.0 ** -11), "bfloat16": ("bfloat16", 2.0 ** -8),
+                  "torch.half": ("float16", 2.0 ** -11)}
+
+
+def op_name(family: str) -> str:
+    """The bare operator of ``{Type}_{api}``: ``Tensor___matmul___`` -> ``matmul``, ``Tensor_add_`` -> ``add``."""
+    name = family.split("_", 1)[1] if "_" in family else family
+    name = name.strip("_").lower()
+    name = re.sub(r"^(npu_|native_)", "", name) if name not in _BATCH_NORM_OPS else name
+    return name
+
+
+def _low_precision(dtypes: Iterable[str]) -> Optional[Tuple[str, float]]:
+    for d in dtypes:
+        hit = _LOW_PRECISION.get(str(d))
+        if hit:
+            return hit
+    return None
+
+
+def categorize(family: str, kind: str, ctx: str = "",
+               npu_dtypes: Sequence[str] = (), bench_dtypes: Sequence[str] = ()) -> str:
+    """The one category that best explains a suspect, most specific first."""
+    op = op_name(family)
+    if kind == "nonfinite":
+        return NONFINITE
+    if kind == "unpaired":
+        return UNPAIRED
+    if kind == "inherited":
+        return INHERITED
+    if ctx == "optimizer":
+        return OPTIMIZER
+    if family.startswith("Distributed"):
+        return COLLECTIVE
+    if op in _RANDOM_OPS or op.endswith("dropout"):
+        return RANDOM
+    if op in _BATCH_NORM_OPS:
+        return BATCH_NORM
+    if _low_precision(list(npu_dtypes) + list(bench_dtypes)):
+        return LOW_PRECISION
+    if op in _NONDETERMINISTIC_OPS or op.startswith(("conv", "upsample")):
+        return NONDETERMINISTIC
+    if op in _REDUCTION_OPS or op.endswith(("_loss", "norm")):
+        return REDUCTION
+    return COMPUTATION
+
+
+# ------------------------------------------------------------------------------- numbers
+
+def fmt_err(x: Optional[float]) -> str:
+    """An error for people: ``1.2e-03``, ``0`` , ``NaN/Inf``, ``n/a``."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if math.isinf(x):
+        return "NaN/Inf"
+    if x == 0:
+        return "0"
+    return f"{x:.2e}"
+
+
+def fmt_growth(g: Optional[float], carried_nonfinite: bool = False) -> str:
+    """Growth factor for people: ``x1.2``, ``x500``, ``x1.2e4``; ``new NaN/Inf`` when infinite.
+
+    ``carried_nonfinite``: input and output both hold NaN/Inf (``carries NaN/Inf``).
+    """
+    if carried_nonfinite:
+        return "carries NaN/Inf"
+    if g is None or (isinstance(g, float) and math.isnan(g)):
+        return "n/a"
+    if math.isinf(g):
+        return "new NaN/Inf"
+    if g < 10:
+        return f"x{g:.1f}"
+    if g < 1e4:
+        return f"x{g:.0f}"
+    m, e = f"{g:.1e}".split("e")
+    return f"x{m}e{int(e)}"
+
+
+# ----------------------------------------------------------------------------------- stacks
+
+_LIB_MARKERS = (
+    f"{os.sep}torch{os.sep}", f"{os.sep}pytest_ptdbg{os.sep}", f"{os.sep}_pytest{os.sep}",
+    f"{os.sep}pluggy{os.sep}", f"{os.sep}torch_npu{os.sep}", f"{os.sep}msprobe{os.sep}",
+    f"{os.sep}ptdbg_ascend{os.sep}",
+)
+
+
+def _is_library_frame(path: str) -> bool:
+    if path.startswith("<"):
+        return True
+    p = path.replace("/", os.sep)
+    if any(m in p for m in _LIB_MARKERS):
+        # user tests of this project live in tests/, example_models/: not library frames
+        return f"{os.sep}tests{os.sep}" not in p and f"{os.sep}example_models{os.sep}" not in p
+    return False
+
+
+def user_frame(stack: Optional[Sequence[Sequence[object]]]) -> Optional[Sequence[object]]:
+    """The first frame of ``stack`` outside torch and this tool (``[file, line, function, code]``).
+
+    Frames are taken in the order the dump stored them (innermost first, as ptdbg does).
+    Falls back to the first frame when every frame belongs to a library.
+    """
+    if not stack:
+        return None
+    frames = [f for f in stack if isinstance(f, (list, tuple)) and len(f) >= 3]
+    for f in frames:
+        if not _is_library_frame(str(f[0])):
+            return f
+    return frames[0] if frames else None
+
+
+def format_frame(frame: Optional[Sequence[object]]) -> str:
+    """``path:line in function: code``."""
+    if not frame:
+        return "(no stack recorded)"
+    code = str(frame[3]).strip() if len(frame) > 3 and frame[3] else ""
+    text = f"{frame[0]}:{frame[1]} in {frame[2]}"
+    return f"{text}: {code}" if code else text
+
+
+def format_stack(stack: Optional[Sequence[Sequence[object]]]) -> str:
+    """The whole stack, one ``File "..", line N, in f`` + code pair per frame (Python's layout)."""
+    if not stack:
+        return ""
+    out = []
+    for f in stack:
+        if not isinstance(f, (list, tuple)) or len(f) < 3:
+            continue
+        out.append(f'File "{f[0]}", line {f[1]}, in {f[2]}')
+        if len(f) > 3 and f[3]:
+            out.append(f"    {str(f[3]).strip()}")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------- advice
+
+def _where(direction: str) -> Tuple[str, str]:
+    if direction == "backward":
+        return "the gradient arriving at it (and its forward tensors)", "the gradients it produces"
+    return "its inputs", "its outputs"
+
+
+def advice_for(category: str, kind: str, family: str, direction: str, input_error: float,
+               output_error: float, growth: float, npu_dtypes: Sequence[str] = (),
+               bench_dtypes: Sequence[str] = (), side: str = "", upstream: str = "",
+               role: str = "") -> str:
+    """Plain-English advice for one suspect: what happened, why it may happen, what to try."""
+    op = op_name(family)
+    ins, outs = _where(direction)
+    Ins = ins[0].upper() + ins[1:]
+    what = ""
+    if kind == "own" and role.startswith("latent"):
+        later = role.split(":", 1)[1] if ":" in role else "a later call"
+        what = (f"{Ins} agree with the bench (error {fmt_err(input_error)}) but {outs} do not "
+                f"(error {fmt_err(output_error)}, {fmt_growth(growth)}). ")
+        if category != LOW_PRECISION:
+            what += (f"Its outputs still pass the verdict, yet the error it creates here is what "
+                     f"makes {later} fail later. ")
+    elif kind == "own" and role == "amplifier":
+        what = (f"{Ins} already differ (error {fmt_err(input_error)}, from an earlier suspect) and "
+                f"this call amplifies that error {fmt_growth(growth)} (to {fmt_err(output_error)}): "
+                "it is ill-conditioned for these inputs (cancellation, division by small values, "
+                "or an update such as Adam's first step g/|g| that turns tiny differences into "
+                "large ones). Fix the earlier suspect first. ")
+    elif kind == "own":
+        if input_error < 1e-5:
+            what = (f"{Ins} agree with the bench (error {fmt_err(input_error)}) "
+                    f"but {outs} do not (error {fmt_err(output_error)}, {fmt_growth(growth)}): "
+                    "the precision is lost inside this call. ")
+        else:
+            what = (f"{Ins} differ only slightly (error {fmt_err(input_error)}), "
+                    f"{outs} much more (error {fmt_err(output_error)}, {fmt_growth(growth)}): "
+                    "this call adds or strongly amplifies the error. ")
+    if direction == "backward" and kind == "own":
+        what += "Only its backward is wrong: the forward agrees. "
+    lp = _low_precision(list(npu_dtypes) + list(bench_dtypes))
+
+    if category == NONFINITE:
+        return (f"NaN or Inf first appears in {outs} while {ins} are finite (and match the bench). "
+                "Typical causes: overflow in a reduced-precision dtype (float16 max 65504), exp of a "
+                "large value, log or sqrt of zero or a negative number, division by zero. Check the "
+                "input ranges (NPU max/min in the CSV), subtract the max before exp, add an eps, or "
+                "compute this op in float32. The overflow_check hook stops at the first such call.")
+    if category == UNPAIRED:
+        where = f"the {side} side" if side else "one side"
+        return (f"This call exists only on {where}: a device-specific API, an extra cast or copy, or "
+                "a different code path. Check its stack; if it changes values (a cast to a lower "
+                "precision, a fused kernel), the errors after it start here.")
+    if category == INPUTS_DIFFER:
+        return ("Its inputs already differ from the bench, and no earlier recorded call created the "
+                "difference: the data, the initial weights or the random state differ between the "
+                "two runs, or something not recorded (an in-place write, a custom kernel, a copy "
+                "from another device) changed them. Check seeds (seed_all), data loading and "
+                "checkpoint loading.")
+    if category == INHERITED:
+        src = f" (from {upstream})" if upstream else ""
+        if math.isinf(input_error):
+            return (f"The error is inherited{src}: {ins} already hold NaN/Inf where the bench does "
+                    "not, and it passes them on. Fix the root cause upstream, not this call.")
+        return (f"The error is inherited{src}: {ins} already differ by {fmt_err(input_error)} and "
+                f"{outs} differ by about as much ({fmt_err(output_error)}, {fmt_growth(growth)}). "
+                "Fix the root cause upstream, not this call.")
+    tail = {
+        OPTIMIZER: ("This is part of the optimizer step. Compare the hyper-parameters (lr, weight "
+                    "decay, betas, eps, momentum), the implementation (foreach / fused / for-loop), "
+                    "loss or gradient scaling and clipping, and that both runs start from the same "
+                    "optimizer state."),
+        COLLECTIVE: ("This is a collective: it combines tensors from several ranks, so compare every "
+                     "rank (compare_distributed). Reduction order differs between backends and "
+                     "world sizes; check world size, reduce op, and that each rank received the "
+                     "same shard."),
+        RANDOM: ("This op draws random numbers, and the two runs do not draw the same ones. Seed both "
+                 "runs the same way (seed_all(seed, mode=True)) or switch it off for the comparison "
+                 "(model.eval(), p=0 for dropout); random streams rarely match across devices."),
+        BATCH_NORM: ("batch_norm in training mode normalises with the batch statistics and updates "
+                     "running_mean / running_var. Compare with training=False (model.eval()) or "
+                     "with fixed statistics; check momentum, eps and whether the running statistics "
+                     "were the same at the start."),
+        NONDETERMINISTIC: (f"{op} may use non-deterministic kernels (atomic adds, algorithm choice "
+                           "by shape) whose summation order varies from run to run. Re-run both "
+                           "sides with seed_all(mode=True) (deterministic algorithms): if the "
+                           "difference goes away it was ordering noise; if not, the kernel itself "
+                           "is less precise - replay this call alone with its dumped inputs."),
+        REDUCTION: (f"{op} reduces or normalises many values: accumulation order and accumulation "
+                    "precision matter, and large dynamic range or cancellation (x - mean) loses "
+                    "digits. Accumulate in float32 (or float64 for the check), subtract the max "
+                    "before exp, and compare the input ranges."),
+        COMPUTATION: (f"Check {op}'s implementation on the device: replay this call alone with "
+                      "its dumped inputs on both devices to confirm, and look for a different "
+                      "algorithm, an implicit cast, or an in-place write."),
+    }
+    if category == LOW_PRECISION and lp:
+        name, u = lp
+        if role.startswith("latent"):
+            later = role.split(":", 1)[1] if ":" in role else "a later call"
+            return what + (f"It computes in {name} (unit roundoff {u:.1e}) on at least one side and "
+                           f"stays within {name}'s tolerance, but the rounding it adds travels on "
+                           f"and {later} fails the tolerance of its own dtype. If that is the "
+                           f"expected cost of {name}, accept it; otherwise keep this op and the "
+                           "calls after it in float32, or make them robust (subtract the max "
+                           "before exp, accumulate in float32).")
+        return what + (f"It computes in {name} (unit roundoff {u:.1e}) on at least one side. An "
+                       f"error of a few times {u:.0e} per op is the format, not a bug: judge it with "
+                       "the dtype-aware rule. If it is much larger, keep this op in float32 "
+                       "(exclude it from autocast, or .float() around it).")
+    text = what + tail.get(category, tail[COMPUTATION])
+    if lp and category != LOW_PRECISION:
+        text += f" It also runs in {lp[0]} on at least one side."
+    return text

@@ -1,0 +1,464 @@
+"""The advisor: from the compare table to the API that is the root cause, ranked, with advice.
+
+ptdbg named the first failing row. That is often downstream of the real culprit, or an input
+row. Here every API is judged on its own: its *input error* (the largest error among the
+tensors it received) against its *output error* (the largest among the tensors it produced).
+
+* forward: inputs = forward inputs, outputs = forward outputs;
+* backward: inputs = the incoming gradient (``_io == "input"``) *and* the forward tensors of
+  the same call (a backward formula reads them: ``grad_W = grad_out^T x``), outputs = the
+  gradients it produces (``_io == "output"``).
+
+The error of one tensor is ``max(1 - cosine, relative L2 error)`` (whichever the table has);
+``growth = output_error / max(input_error, NOISE_FLOOR)``. An API is
+
+* ``nonfinite``  - an output's NaN/Inf positions differ from the bench while no input's do;
+* ``own``        - an output fails the verdict (``_passed`` False) and ``growth >= min_growth``;
+* ``inherited``  - an output fails but its error is about what it received;
+* ``unpaired``   - the call exists on one side only.
+
+Ranking: nonfinite (earliest first), own (largest growth first), unpaired calls that come before
+the first inherited error, then inherited (earliest first), then the other unpaired calls.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import pandas as pd
+
+from pytest_ptdbg.advise import advice_text as at
+
+#: Errors below this count as agreement when computing growth (about float32 resolution).
+NOISE_FLOOR = 1e-7
+#: An output error at least this many times the input error is the API's own error.
+MIN_GROWTH = 10.0
+#: A failure is explained by an earlier origin whose output error is >= this times its input error.
+EXPLAIN_RATIO = 0.01
+#: A latent origin's output error is within this factor (either way) of the input error of the
+#: failure it explains.
+LATENT_RATIO = 0.1
+#: Input errors above this are not float32 noise: an own failure receiving them is traced back.
+SIGNIFICANT = 1e-4
+
+REQUIRED_COLUMNS = ("_api", "_family", "_direction", "_io", "_order", "_paired", "_rel_l2",
+                    "_nan_mismatch", "_passed")
+PASS_FRACTION_NOTE = (
+    'Note: "One Thousandth Err Ratio" and "Five Thousandths Err Ratio" in the CSV are pass '
+    "fractions: the share of elements whose relative error is below 0.001 / 0.005 "
+    "(1.0 = every element within the bound)."
+)
+
+
+@dataclass
+class Suspect:
+    """One API the advisor points at (or, for ``kind == "inherited"``, explains away)."""
+
+    api: str
+    direction: str
+    kind: str
+    csv_line: int
+    stack: Optional[list]
+    input_error: float
+    output_error: float
+    growth: float
+    category: str
+    advice: str
+    family: str
+    ctx: str = ""
+    order: int = 0
+    side: str = ""  # unpaired: "NPU" or "bench"
+    #: own: "origin" (creates the error), "amplifier" (grows error it received), "latent"
+    #: (passes its own verdict, but creates the error that fails later)
+    role: str = ""
+
+    @property
+    def growth_text(self) -> str:
+        """``x1.2e4``, ``new NaN/Inf``, ``carries NaN/Inf``."""
+        carried = math.isinf(self.input_error) and math.isinf(self.output_error)
+        return at.fmt_growth(self.growth, carried)
+
+    @property
+    def location(self) -> str:
+        """Where the call is in the user's code: the first stack frame outside torch."""
+        return at.format_frame(at.user_frame(self.stack))
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = asdict(self)
+        for k in ("input_error", "output_error", "growth"):
+            v = d[k]
+            d[k] = None if v is None or not math.isfinite(v) else float(v)
+        d["location"] = self.location
+        return d
+
+
+@dataclass
+class Advice:
+    """The advisor's findings: ranked suspects (root causes first), and whether all agree.
+
+    ``all_agree``: at least one tensor pair was compared, none fails the verdict and no NaN/Inf
+    differs. Calls present on one side only do not change it (they are listed as suspects of
+    kind ``"unpaired"``).
+    """
+
+    suspects: List[Suspect] = field(default_factory=list)
+    all_agree: bool = True
+    n_rows: int = 0
+    n_compared: int = 0
+    n_failed: int = 0
+    n_inherited: int = 0
+    n_unpaired: int = 0
+
+    @property
+    def first(self) -> Optional[Suspect]:
+        return self.suspects[0] if self.suspects else None
+
+    @property
+    def root_causes(self) -> List[Suspect]:
+        return [s for s in self.suspects if s.kind != "inherited"]
+
+    def text(self) -> str:
+        """The advisor file: ptdbg's three lines for the first suspect, then the ranked list."""
+        lines: List[str] = []
+        first = self.first
+        if first is None and self.n_compared == 0:
+            lines += ["Line: None", "Suspect Nodes: None",
+                      "Expert Advice: Nothing was compared: no tensor of the NPU dump has a partner "
+                      "in the bench dump. Check the paths, the dump mode and the step."]
+        elif first is None:
+            lines += ["Line: None", "Suspect Nodes: None",
+                      "Expert Advice: All data in the comparison meets the accuracy requirement: "
+                      "every compared tensor agrees with the bench, no API lost precision."]
+        else:
+            lines += [f"Line: {first.csv_line}", f"Suspect Nodes: {first.api}",
+                      f"Expert Advice: {first.advice}"]
+        lines.append("")
+        lines.append(f"Summary: {self.n_compared} of {self.n_rows} tensor rows compared, "
+                     f"{self.n_failed} fail the verdict; {len(self.root_causes)} suspect call(s), "
+                     f"{self.n_inherited} call(s) with inherited error, "
+                     f"{self.n_unpaired} unpaired call(s).")
+        if self.all_agree and first is None:
+            lines.append("Everything agrees: no suspect.")
+        roots = self.root_causes
+        if roots:
+            lines += ["", "Ranked suspects (most likely root cause first):"]
+            for i, s in enumerate(roots, 1):
+                lines += _suspect_lines(i, s)
+        inh = [s for s in self.suspects if s.kind == "inherited"]
+        if inh:
+            lines += ["", "Inherited errors (these calls only pass on error they received; "
+                      "not root causes):"]
+            for s in inh:
+                lines.append(f"  - {s.api} (CSV line {s.csv_line}): input error "
+                             f"{at.fmt_err(s.input_error)}, output error "
+                             f"{at.fmt_err(s.output_error)} ({s.growth_text})"
+                             f"  at {s.location}")
+            more = self.n_inherited - len(inh)
+            if more > 0:
+                lines.append(f"  ... and {more} more")
+        lines += ["", PASS_FRACTION_NOTE]
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-able summary (non-finite numbers become None)."""
+        return {
+            "all_agree": self.all_agree,
+            "n_rows": self.n_rows, "n_compared": self.n_compared, "n_failed": self.n_failed,
+            "n_inherited": self.n_inherited, "n_unpaired": self.n_unpaired,
+            "first": self.first.api if self.first else None,
+            "suspects": [s.to_dict() for s in self.suspects],
+        }
+
+
+def _suspect_lines(i: int, s: Suspect) -> List[str]:
+    kind = {"own": "own error", "nonfinite": "NaN/Inf appears here",
+            "unpaired": f"only on the {s.side or 'one'} side"}.get(s.kind, s.kind)
+    kind += {"amplifier": ", amplifies an earlier error",
+             "latent": ", passes its own verdict but causes a later failure"}.get(s.role, "")
+    out = [f"{i}. {s.api}  [{kind}; {s.direction}; {s.category}]  CSV line {s.csv_line}"]
+    if s.kind != "unpaired":
+        out.append(f"   error {at.fmt_err(s.input_error)} in -> {at.fmt_err(s.output_error)} out "
+                   f"({s.growth_text})" + ("  [in optimizer step]" if s.ctx else ""))
+    out.append(f"   at {s.location}")
+    out.append(f"   advice: {s.advice}")
+    return out
+
+
+# ------------------------------------------------------------------------------ row errors
+
+def row_errors(table: pd.DataFrame) -> np.ndarray:
+    """Per-row error ``max(1 - cosine, _rel_l2)``; inf where NaN/Inf positions differ.
+
+    An infinite ``_rel_l2`` (bench all zero, NPU not) counts as 1.0.
+    Unpaired rows get NaN. A compared row with neither measure (shape mismatch, empty) gets 1.0
+    when it fails the verdict and 0.0 when it passes.
+    """
+    n = len(table)
+    if "Cosine" in table.columns:
+        cos = pd.to_numeric(table["Cosine"], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        e_cos = np.clip(1.0 - cos, 0.0, None)
+    else:
+        e_cos = np.full(n, np.nan)
+    rel = pd.to_numeric(table["_rel_l2"], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    rel = np.where(np.isinf(rel), 1.0, np.abs(rel))  # inf: the bench is all zero, the NPU not
+    with np.errstate(invalid="ignore"):
+        err = np.fmax(e_cos, rel)
+    passed = _bool(table["_passed"], True)
+    paired = _bool(table["_paired"], False)
+    nanm = _bool(table["_nan_mismatch"], False)
+    missing = np.isnan(err)
+    err = np.where(missing & ~passed, 1.0, np.where(missing, 0.0, err))
+    err = np.where(nanm, np.inf, err)
+    return np.where(paired, err, np.nan)
+
+
+def _bool(col: pd.Series, default: bool) -> np.ndarray:
+    s = col.astype(object).where(col.notna(), default)
+    return np.array([bool(v) if not isinstance(v, str) else v.strip().lower() in ("true", "1", "yes")
+                     for v in s], dtype=bool)
+
+
+def _counterpart(api: str) -> Optional[str]:
+    for bw, fw in (("_backward", "_forward"), (".backward", ".forward")):
+        if api.endswith(bw):
+            return api[: -len(bw)] + fw
+    return None
+
+
+# ------------------------------------------------------------------------------- advising
+
+@dataclass
+class _ApiView:
+    key: str
+    api: str
+    family: str
+    direction: str
+    order: int
+    ctx: str
+    stack: Any
+    first_row: int
+    paired: bool
+    side: str
+    in_err: float = 0.0
+    out_err: float = 0.0
+    in_nan: bool = False
+    out_nan: bool = False
+    out_fail: bool = False
+    fail_err: float = 0.0  # the largest error among failing output rows
+    fail_row: int = -1
+    nan_row: int = -1
+    err_row: int = -1  # the output row with the largest error
+    npu_dtypes: tuple = ()
+    bench_dtypes: tuple = ()
+
+
+def _check(table: pd.DataFrame) -> None:
+    if not isinstance(table, pd.DataFrame):
+        raise TypeError(f"advise() needs the compare table (a pandas DataFrame), got {type(table).__name__}")
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"compare table lacks column(s) {missing}; see docs/DESIGN.md")
+
+
+def _api_views(table: pd.DataFrame, err: np.ndarray) -> List[_ApiView]:
+    n = len(table)
+    apis = table["_api"].astype(str).to_numpy()
+    npu_names = (table["NPU Name"].fillna("").astype(str).to_numpy() if "NPU Name" in table.columns
+                 else np.array(["x"] * n, dtype=object))
+    paired = _bool(table["_paired"], False)
+    passed = _bool(table["_passed"], True)
+    nanm = _bool(table["_nan_mismatch"], False)
+    io = table["_io"].astype(str).to_numpy()
+    fam = table["_family"].astype(str).to_numpy()
+    direction = table["_direction"].astype(str).to_numpy()
+    order = pd.to_numeric(table["_order"], errors="coerce").fillna(-1).to_numpy()
+    ctx = (table["_ctx"].fillna("").astype(str).to_numpy() if "_ctx" in table.columns
+           else np.array([""] * n, dtype=object))
+    stack = table["_stack"].to_numpy() if "_stack" in table.columns else np.array([None] * n, dtype=object)
+    ndt = table["NPU Tensor Dtype"].fillna("").astype(str).to_numpy() if "NPU Tensor Dtype" in table.columns else None
+    bdt = table["Bench Tensor Dtype"].fillna("").astype(str).to_numpy() if "Bench Tensor Dtype" in table.columns else None
+
+    views: Dict[str, _ApiView] = {}
+    for i in range(n):
+        npu_side = paired[i] or (npu_names[i] not in ("", "nan", "None", "N/A"))
+        key = apis[i] if npu_side else apis[i] + "\x00bench"
+        v = views.get(key)
+        if v is None:
+            st = stack[i]
+            v = views[key] = _ApiView(
+                key=key, api=apis[i], family=fam[i], direction=direction[i], order=int(order[i]),
+                ctx=ctx[i] if ctx[i] not in ("nan", "None") else "",
+                stack=st if isinstance(st, (list, tuple)) else None, first_row=i, paired=False,
+                side="NPU" if npu_side else "bench")
+        if v.stack is None and isinstance(stack[i], (list, tuple)):
+            v.stack = stack[i]
+        if ndt is not None:
+            if ndt[i] and ndt[i] not in v.npu_dtypes:
+                v.npu_dtypes += (ndt[i],)
+            if bdt[i] and bdt[i] not in v.bench_dtypes:
+                v.bench_dtypes += (bdt[i],)
+        if not paired[i]:
+            continue
+        v.paired = True
+        e = err[i]
+        if io[i] == "output":
+            if v.err_row < 0 or e > v.out_err:
+                v.err_row = i
+            v.out_err = max(v.out_err, e)
+            if nanm[i]:
+                v.out_nan = True
+                if v.nan_row < 0:
+                    v.nan_row = i
+            if not passed[i] or nanm[i]:
+                v.fail_err = max(v.fail_err, e)
+                v.out_fail = True
+                if v.fail_row < 0:
+                    v.fail_row = i
+        else:
+            v.in_err = max(v.in_err, e)
+            v.in_nan = v.in_nan or bool(nanm[i])
+    # backward formulas read the forward tensors of the same call
+    for v in views.values():
+        if v.direction == "backward":
+            fw = views.get(_counterpart(v.api) or "")
+            if fw is not None and fw.paired:
+                v.in_err = max(v.in_err, fw.in_err, fw.out_err)
+                v.in_nan = v.in_nan or fw.in_nan or fw.out_nan
+    return sorted(views.values(), key=lambda v: (v.order, v.first_row))
+
+
+def _growth(out_err: float, in_err: float) -> float:
+    if math.isinf(out_err):
+        return 1.0 if math.isinf(in_err) else math.inf
+    return out_err / max(in_err, NOISE_FLOOR)
+
+
+def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) -> Advice:
+    """Find the APIs that are the root cause of the differences in a compare table.
+
+    ``top`` caps the ranked root-cause suspects and, separately, the inherited ones listed.
+    ``min_growth``: how many times its input error an output error must be to count as the
+    API's own. Needs the underscore columns of docs/DESIGN.md; raises ValueError naming the
+    missing ones.
+    """
+    _check(table)
+    table = table.reset_index(drop=True)
+    err = row_errors(table)
+    views = _api_views(table, err)
+    passed = _bool(table["_passed"], True)
+    paired = _bool(table["_paired"], False)
+
+    nonfinite: List[_ApiView] = []
+    own: List[_ApiView] = []
+    inherited: List[_ApiView] = []
+    unpaired: List[_ApiView] = []
+    latent_pool: List[_ApiView] = []
+    for v in views:
+        if v.out_fail:
+            # judge a failing call by its failing outputs: a passing output with a large relative
+            # error is usually a near-zero tensor (e.g. the bias gradient of a conv before a norm)
+            v.out_err = v.fail_err
+        if not v.paired:
+            unpaired.append(v)
+        elif v.out_nan and not v.in_nan:
+            nonfinite.append(v)
+        elif v.out_fail:
+            g = _growth(v.out_err, v.in_err)
+            (own if g >= min_growth and not v.in_nan else inherited).append(v)
+        elif not v.out_nan and _growth(v.out_err, v.in_err) >= min_growth:
+            latent_pool.append(v)
+
+    # Who explains whom: a failure whose input error is comparable to an earlier origin's output
+    # error received it from there (an "amplifier" when it then grows it >= min_growth times).
+    # A failure nothing explains is traced back to the call that created an error of that size
+    # while passing its own (e.g. float16) tolerance: a "latent" origin.
+    sources: List[_ApiView] = list(nonfinite)
+    roles: Dict[int, str] = {}
+    latent: List[_ApiView] = []
+
+    def explained(f: _ApiView) -> bool:
+        return any(s.order < f.order and s.out_err >= EXPLAIN_RATIO * f.in_err for s in sources)
+
+    for f in sorted(own + inherited, key=lambda v: (v.order, v.first_row)):
+        is_own = any(f is o for o in own)
+        if is_own and f.in_err <= NOISE_FLOOR * min_growth:
+            roles[id(f)] = "origin"  # its inputs agree with the bench
+        elif explained(f):
+            roles[id(f)] = "amplifier" if is_own else ""
+        elif is_own and f.in_err < SIGNIFICANT:
+            roles[id(f)] = "origin"
+        else:
+            cands = [y for y in latent_pool if y.order < f.order
+                     and LATENT_RATIO * f.in_err <= y.out_err <= f.in_err / LATENT_RATIO
+                     and not any(y is z for z in latent)]
+            if cands:
+                y = max(cands, key=lambda y: (_growth(y.out_err, y.in_err), -y.order))
+                latent.append(y)
+                roles[id(y)] = "latent:" + f.api
+                sources.append(y)
+            roles[id(f)] = ("amplifier" if cands else "origin") if is_own else ""
+        if is_own:
+            sources.append(f)
+
+    def by_growth(vs: List[_ApiView]) -> List[_ApiView]:
+        return sorted(vs, key=lambda v: (-_growth(v.out_err, v.in_err), v.order))
+
+    origins = by_growth([v for v in own if roles.get(id(v)) == "origin"] + latent)
+    amplifiers = by_growth([v for v in own if roles.get(id(v)) == "amplifier"])
+    first_inh = inherited[0].order if inherited else math.inf
+    early_unp = [v for v in unpaired if v.order <= first_inh]
+    late_unp = [v for v in unpaired if v.order > first_inh]
+    ranked = (nonfinite + origins + amplifiers + early_unp)[:top]
+    causes = nonfinite + origins + amplifiers + early_unp
+
+    kinds = {id(v): "nonfinite" for v in nonfinite}
+    kinds.update({id(v): "own" for v in own + latent})
+    suspects = [_suspect(table, v, kinds.get(id(v), "unpaired"), role=roles.get(id(v), ""))
+                for v in ranked]
+    for j, v in enumerate(inherited[:top]):
+        before = [c for c in causes if c.order < v.order]
+        up = max(before, key=lambda c: c.order).api if before else ""
+        # the earliest inherited error with no recorded cause before it: the inputs differ at the start
+        suspects.append(_suspect(table, v, "inherited", upstream=up, start=j == 0 and not before))
+    left = top - len(ranked)
+    suspects += [_suspect(table, v, "unpaired") for v in late_unp[:max(left, 0)]]
+
+    n_failed = int((~passed & paired).sum())
+    any_nan = any(v.out_nan for v in views)
+    return Advice(
+        suspects=suspects,
+        all_agree=n_failed == 0 and not any_nan and bool(paired.any()),
+        n_rows=len(table), n_compared=int(paired.sum()), n_failed=n_failed,
+        n_inherited=len(inherited), n_unpaired=len(unpaired),
+    )
+
+
+def _suspect(table: pd.DataFrame, v: _ApiView, kind: str, upstream: str = "",
+             start: bool = False, role: str = "") -> Suspect:
+    row = {"nonfinite": v.nan_row, "own": v.fail_row if v.fail_row >= 0 else v.err_row,
+           "inherited": v.fail_row}.get(kind, v.first_row)
+    row = v.first_row if row < 0 else row
+    g = _growth(v.out_err, v.in_err) if kind != "unpaired" else math.nan
+    cat = at.categorize(v.family, kind, v.ctx, v.npu_dtypes, v.bench_dtypes)
+    if start:
+        cat = at.INPUTS_DIFFER
+    adv = at.advice_for(cat, kind, v.family, v.direction, v.in_err, v.out_err, g,
+                        v.npu_dtypes, v.bench_dtypes, side=v.side, upstream=upstream, role=role)
+    msg = str(table.at[row, "Err_message"]) if "Err_message" in table.columns and row >= 0 else ""
+    if kind == "own" and ("shape" in msg.lower() or "unmatched" in msg.lower()):
+        adv = f"The shapes differ from the bench ({msg}): a different code path or API semantics. " + adv
+    return Suspect(
+        api=v.api, direction=v.direction, kind=kind, csv_line=row + 2, stack=_plain_stack(v.stack),
+        input_error=float(v.in_err) if kind != "unpaired" else math.nan,
+        output_error=float(v.out_err) if kind != "unpaired" else math.nan,
+        growth=float(g), category=cat, advice=adv, family=v.family, ctx=v.ctx, order=v.order,
+        side=v.side if kind == "unpaired" else "", role=role.split(":")[0],
+    )
+
+
+def _plain_stack(stack: Any) -> Optional[list]:
+    if stack is None:
+        return None
+    return [list(f) if isinstance(f, (list, tuple)) else [str(f)] for f in stack]

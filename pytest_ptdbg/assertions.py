@@ -1,0 +1,298 @@
+"""``assert_precision(result, **thresholds)`` and ``PrecisionError``: turn a comparison into a verdict.
+
+Works on what ``ptdbg_dump`` returns and on a plain ``CompareResult`` from ``compare()``.
+The failure message names the first suspect API and where it is in the user's code, how far it
+is from the threshold (the tolerance that would have passed), the other suspects, the advice and
+the paths of the artifacts. Imports pandas lazily (the plugin imports this module at test time).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+from pytest_ptdbg.plugin_options import Settings, per_test
+
+__all__ = ["PrecisionError", "assert_precision", "evaluate", "Evaluation"]
+
+
+class PrecisionError(AssertionError):
+    """A comparison is out of tolerance; the message is the advisor's explanation."""
+
+    def __init__(self, message: str, evaluation: Optional["Evaluation"] = None) -> None:
+        super().__init__(message)
+        self.evaluation = evaluation
+
+
+@dataclass
+class Evaluation:
+    """The verdict of one comparison under given settings (rule, thresholds, ignore lists)."""
+
+    passed: bool
+    table: Any
+    advice: Any
+    settings: Settings
+    n_failed: int = 0
+    n_ignored: int = 0
+    worst: Optional[Dict[str, Any]] = None
+    needed: Dict[str, float] = field(default_factory=dict)
+    problems: List[str] = field(default_factory=list)
+    compare_result: Any = None
+
+    @property
+    def first_suspect(self) -> Any:
+        """The advisor's first suspect (its ranking: root causes before inherited errors)."""
+        return self.advice.first
+
+
+def _num(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out
+
+
+def _ignored_mask(table: Any, settings: Settings) -> Any:
+    import numpy as np
+
+    n = len(table)
+    mask = np.zeros(n, dtype=bool)
+    if not n:
+        return mask
+    names = (table["_api"].astype(str) + " " + table.get("_family", table["_api"]).astype(str)
+             ).str.lower()
+    for pat in settings.ignore:
+        mask |= names.str.contains(str(pat).lower(), regex=False).to_numpy()
+    if settings.only:
+        keep = np.zeros(n, dtype=bool)
+        for pat in settings.only:
+            keep |= names.str.contains(str(pat).lower(), regex=False).to_numpy()
+        mask |= ~keep
+    if settings.ignore_optimizer and "_ctx" in table.columns:
+        mask |= (table["_ctx"].astype(str) == "optimizer").to_numpy()
+    return mask
+
+
+def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any) -> Evaluation:
+    """The verdict of ``result`` (a ``ptdbg_dump`` result or a ``CompareResult``).
+
+    ``settings`` default to the result's own (the test's) or the defaults; ``overrides`` (threshold
+    names, ``rule``, ``ignore``, ``only``, ``ignore_optimizer``) win over them. When the rule or
+    thresholds differ from those the comparison used, the rows are judged again; ignored rows
+    count as passed, and the advisor is run again on what is left.
+    """
+    import numpy as np
+
+    from pytest_ptdbg.plugin_compat import advise_table
+
+    cmp = getattr(result, "compare_result", result)
+    base = settings or getattr(result, "settings", None) or Settings()
+    s = per_test(base, overrides, "assert_precision(...)") if overrides else base
+    table = cmp.table
+    advice = cmp.advice
+    used = getattr(result, "settings", None)
+    rejudge = (used is None and (s.rule != "ptdbg" or s.thresholds)) or (
+        used is not None and (used.rule != s.rule or dict(used.thresholds) != dict(s.thresholds)))
+    if rejudge:
+        redo = getattr(result, "recompare", None)
+        if redo is None:
+            raise TypeError("assert_precision(CompareResult, ...): give the rule and thresholds to "
+                            "compare(..., rule=, thresholds=); here only ignore/only/"
+                            "ignore_optimizer apply")
+        cmp = redo(s)
+        table, advice = cmp.table, cmp.advice
+    ignored = _ignored_mask(table, s)
+    if rejudge or ignored.any():
+        table = table.copy()
+        if ignored.any():
+            table.loc[ignored, "_passed"] = True
+            if "Accuracy Reached or Not" in table.columns:
+                table.loc[ignored, "Accuracy Reached or Not"] = ""
+        advice = advise_table(table)
+    passed_col = table["_passed"].astype(bool).to_numpy() if len(table) else np.ones(0, bool)
+    failing = ~passed_col
+    worst = _worst(table, ~ignored)
+    needed = _needed(table[failing], s) if failing.any() else {}
+    return Evaluation(passed=not failing.any(), table=table, advice=advice, settings=s,
+                      compare_result=cmp,
+                      n_failed=int(failing.sum()), n_ignored=int(ignored.sum()), worst=worst,
+                      needed=needed, problems=list(getattr(cmp, "problems", []) or []))
+
+
+def _worst(table: Any, considered: Any) -> Optional[Dict[str, Any]]:
+    """The compared row with the largest error: its API and metrics."""
+    import numpy as np
+
+    from pytest_ptdbg.advise.advisor import row_errors
+
+    if not len(table):
+        return None
+    err = row_errors(table)
+    err = np.where(considered, err, np.nan)
+    if np.all(np.isnan(err)) or not np.nanmax(err) > 1e-12:  # equal up to rounding noise
+        return None
+    i = int(np.nanargmax(err))
+    row = table.iloc[i]
+    out: Dict[str, Any] = {"api": str(row["_api"]), "tensor": str(row.get("NPU Name", ""))}
+    for col, key in (("Cosine", "cosine"), ("MaxAbsErr", "max_abs_err"), ("_rel_l2", "rel_l2")):
+        if col in table.columns:
+            v = _num(row[col])
+            out[key] = None if math.isnan(v) else v
+    return out
+
+
+def _col(table: Any, name: str) -> List[float]:
+    if name not in table.columns:
+        return []
+    return [_num(v) for v in table[name]]
+
+
+def _max(values: List[float]) -> Optional[float]:
+    vals = [v for v in values if not math.isnan(v)]
+    return max(vals) if vals else None
+
+
+def _stat_rel(failing: Any, scale_by_range: bool) -> List[float]:
+    """Per failing row: the largest |npu stat - bench stat| / scale over max, min, mean, l2norm."""
+    out = []
+    stats = ("max", "min", "mean", "l2norm")
+    for _, row in failing.iterrows():
+        n = [_num(row.get(f"NPU {k}")) for k in stats]
+        b = [_num(row.get(f"Bench {k}")) for k in stats]
+        span = max((abs(v) for v in b[:2] if math.isfinite(v)), default=0.0)
+        worst = math.nan
+        for k, (x, y) in enumerate(zip(n, b)):
+            if not (math.isfinite(x) and math.isfinite(y)):
+                continue
+            scale = (span if k < 3 else abs(y)) if scale_by_range else abs(y)
+            rel = abs(x - y) / scale if scale else (0.0 if x == y else math.inf)
+            worst = rel if math.isnan(worst) else max(worst, rel)
+        out.append(worst)
+    return out
+
+
+def _needed(failing: Any, s: Settings) -> Dict[str, float]:
+    """Threshold values with which every failing row would have passed (a sufficient set, for
+    the message: rows failing on NaN/Inf or shape cannot pass by any tolerance)."""
+    from pytest_ptdbg.plugin_compat import effective_thresholds
+
+    th = effective_thresholds(s)
+    if "_nan_mismatch" in failing.columns:
+        failing = failing[~failing["_nan_mismatch"].astype(bool)]
+    if not len(failing):
+        return {}
+    out: Dict[str, float] = {}
+    full = "Cosine" in failing.columns
+    if s.rule == "ptdbg":
+        if full:
+            cos = [c for c in _col(failing, "Cosine") if not math.isnan(c)]
+            mae = _max(_col(failing, "MaxAbsErr"))
+            if cos and min(cos) < th.get("cosine", 0.99):
+                out["cosine"] = min(cos)
+            if cos and min(cos) < th.get("cosine_hard", 0.9):
+                out["cosine_hard"] = min(cos)
+            if mae is not None and mae > th.get("max_abs_hard", 1.0):
+                out["max_abs_hard"] = mae
+        else:
+            rel = _max(_stat_rel(failing, scale_by_range=False))
+            if rel is not None:
+                out["summary_rel"] = rel
+    else:
+        if full:  # |n - b| <= atol passes whatever rtol (MaxRelativeErr explodes near b = 0)
+            mae = _max(_col(failing, "MaxAbsErr"))
+            if mae is not None:
+                out["atol"] = mae
+        else:
+            rel = _max(_stat_rel(failing, scale_by_range=True))
+            if rel is not None:
+                out["rtol"] = rel
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+# ------------------------------------------------------------------------------ messages
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.6g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.3e}"
+    return str(v)
+
+
+def _suspect_line(i: int, s: Any) -> str:
+    growth = s.growth if s.growth is not None and math.isfinite(s.growth) else None
+    what = {"own": "own error", "nonfinite": "NaN/Inf first appears here",
+            "unpaired": "called on one side only", "inherited": "inherited error"}.get(s.kind, s.kind)
+    extra = f", error x{growth:.3g} from inputs to outputs" if growth else ""
+    return f"  {i}. {s.api} [{what}; {s.category}{extra}] at {s.location}"
+
+
+def failure_message(ev: Evaluation, result: Any) -> str:
+    """The text of a :class:`PrecisionError`."""
+    from pytest_ptdbg.plugin_compat import effective_thresholds
+
+    cmp = ev.compare_result if ev.compare_result is not None else result
+    s = ev.settings
+    lines: List[str] = []
+    who = ""
+    if hasattr(result, "device"):
+        who = f" ({result.device}{' ' + s.dtype if s.dtype != 'float32' else ''} vs " \
+              f"{result.bench_label})"
+    lines.append(f"precision check failed{who}: {ev.n_failed} tensor(s) out of tolerance under "
+                 f"the {s.rule} rule")
+    first = ev.first_suspect
+    if first is not None:
+        lines.append(f"first suspect: {first.api} ({first.direction}, {first.kind}, "
+                     f"{first.category})")
+        lines.append(f"  at {first.location}")
+        if first.kind != "unpaired":
+            lines.append(f"  error {_fmt(first.input_error)} in its inputs -> "
+                         f"{_fmt(first.output_error)} in its outputs")
+    else:
+        lines.append("first suspect: none named by the advisor (see the CSV)")
+    if ev.worst:
+        w = ev.worst
+        metrics = ", ".join(f"{k}={_fmt(w[k])}" for k in ("cosine", "max_abs_err", "rel_l2")
+                            if w.get(k) is not None)
+        lines.append(f"worst tensor: {w.get('tensor') or w['api']} ({metrics})")
+    th = effective_thresholds(s)
+    if th:
+        lines.append("thresholds: " + ", ".join(f"{k}={_fmt(v)}" for k, v in th.items()))
+    if ev.needed:
+        args = ", ".join(f"{k}={_fmt(v)}" for k, v in ev.needed.items())
+        lines.append(f"would have passed with: assert_precision({args})  (or @pytest.mark.ptdbg"
+                     f"({args}))")
+    others = [x for x in ev.advice.suspects if x is not first and x.kind != "inherited"][:4]
+    if others:
+        lines.append("other suspects:")
+        lines += [_suspect_line(i, x) for i, x in enumerate(others, 2)]
+    if first is not None and first.advice:
+        lines.append(f"advice: {first.advice}")
+    if ev.n_ignored:
+        lines.append(f"({ev.n_ignored} row(s) ignored by ignore/only/ignore_optimizer)")
+    paths = [(k, getattr(cmp, a, None)) for k, a in
+             (("html", "html_path"), ("csv", "csv_path"), ("advisor", "advisor_path"))]
+    paths = [(k, p) for k, p in paths if p]
+    if paths:
+        lines.append("artifacts:")
+        lines += [f"  {k}: {p}" for k, p in paths]
+    if ev.problems:
+        lines.append(f"problems while comparing: {len(ev.problems)} (first: {ev.problems[0]})")
+    return "\n".join(lines)
+
+
+def assert_precision(result: Any, **thresholds: Any) -> Any:
+    """Raise :class:`PrecisionError` unless every compared tensor of ``result`` is within tolerance.
+
+    ``result``: what ``ptdbg_dump`` returns, or a ``CompareResult`` from ``compare()``.
+    Keyword arguments: threshold names (``cosine``, ``max_abs``, ``cosine_hard``,
+    ``max_abs_hard``, ``summary_rel``, ``rtol``, ``atol``, ``max_fail_fraction``), ``rule`` (``"ptdbg"``/``"dtype"``), ``ignore`` /
+    ``only`` (API name substrings), ``ignore_optimizer``; they win over the test's marker and
+    options. Returns the :class:`Evaluation` when it passes.
+    """
+    __tracebackhide__ = True
+    ev = evaluate(result, **thresholds)
+    if not ev.passed:
+        raise PrecisionError(failure_message(ev, result), ev)
+    return ev

@@ -1,0 +1,122 @@
+"""The call spec: a JSON description of an API call's arguments, from which replay rebuilds it.
+
+Format (``docs/DESIGN.md``): ``{"args": [...], "kwargs": {...}}``; a tensor argument is
+``{"t": "input.0"}`` (its tensor key suffix, indexed as in ``sink.py``); ``int/float/bool/str/None``
+as is; ``{"dtype": "torch.float32"}``, ``{"device": "cpu"}``, ``{"slice": [start, stop, step]}``,
+``{"ellipsis": true}``, ``{"tuple": [...]}``, lists as lists, ``{"float": "nan"|"inf"|"-inf"}``,
+``{"repr": "..."}`` for anything else (not replayable). Also ``{"size": [...]}`` for torch.Size,
+``{"memory_format": "torch.channels_last"}`` and ``{"layout": "torch.strided"}``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Mapping, Tuple
+
+import torch
+
+__all__ = ["encode_call", "decode_call", "encode_value", "NotReplayable"]
+
+
+class NotReplayable(ValueError):
+    """The spec holds a value that cannot be rebuilt (a ``{"repr": ...}``) or a missing tensor."""
+
+
+def _idx(path: Tuple[int, ...]) -> str:
+    return "input." + ".".join(str(i) for i in path)
+
+
+def encode_value(v: Any, path: Tuple[int, ...]) -> Any:
+    """One argument as JSON; ``path`` is its input index (used for tensors)."""
+    if isinstance(v, torch.Tensor):
+        return {"t": _idx(path)}
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        if math.isnan(v):
+            return {"float": "nan"}
+        if math.isinf(v):
+            return {"float": "inf" if v > 0 else "-inf"}
+        return v
+    if isinstance(v, torch.dtype):
+        return {"dtype": str(v)}
+    if isinstance(v, torch.device):
+        return {"device": str(v)}
+    if isinstance(v, torch.Size):
+        return {"size": list(v)}
+    if isinstance(v, torch.memory_format):
+        return {"memory_format": str(v)}
+    if isinstance(v, torch.layout):
+        return {"layout": str(v)}
+    if isinstance(v, slice):
+        return {"slice": [encode_value(v.start, path), encode_value(v.stop, path), encode_value(v.step, path)]}
+    if v is Ellipsis:
+        return {"ellipsis": True}
+    if type(v) is list:
+        return [encode_value(x, path + (j,)) for j, x in enumerate(v)]
+    if type(v) is tuple:
+        return {"tuple": [encode_value(x, path + (j,)) for j, x in enumerate(v)]}
+    if isinstance(v, complex):
+        return {"repr": repr(v)}
+    return {"repr": repr(v)[:200]}
+
+
+def encode_call(args: tuple, kwargs: Mapping[str, Any]) -> Dict[str, Any]:
+    """The call spec of ``func(*args, **kwargs)``: inputs are indexed args first, then kwargs."""
+    n = len(args)
+    return {
+        "args": [encode_value(a, (i,)) for i, a in enumerate(args)],
+        "kwargs": {k: encode_value(v, (n + j,)) for j, (k, v) in enumerate(kwargs.items())},
+    }
+
+
+def _torch_attr(s: str, kind: str) -> Any:
+    name = s[len("torch."):] if s.startswith("torch.") else s
+    obj = getattr(torch, name, None)
+    if obj is None:
+        raise NotReplayable(f"unknown {kind} {s!r} in call spec")
+    return obj
+
+
+def _decode(v: Any, tensors: Mapping[str, Any]) -> Any:
+    if isinstance(v, list):
+        return [_decode(x, tensors) for x in v]
+    if not isinstance(v, dict):
+        return v
+    if len(v) != 1:
+        raise NotReplayable(f"malformed call spec value {v!r}")
+    (tag, x), = v.items()
+    if tag == "t":
+        if x not in tensors:
+            raise NotReplayable(f"call spec needs tensor {x!r}, which was not given (have {sorted(tensors)[:8]})")
+        return tensors[x]
+    if tag == "float":
+        return float(x)
+    if tag == "dtype":
+        return _torch_attr(x, "dtype")
+    if tag == "device":
+        return torch.device(x)
+    if tag == "size":
+        return torch.Size(x)
+    if tag in ("memory_format", "layout"):
+        return _torch_attr(x, tag)
+    if tag == "slice":
+        return slice(*[_decode(p, tensors) for p in x])
+    if tag == "ellipsis":
+        return Ellipsis
+    if tag == "tuple":
+        return tuple(_decode(p, tensors) for p in x)
+    if tag == "repr":
+        raise NotReplayable(f"argument {x!r} was recorded only as its repr and cannot be rebuilt")
+    raise NotReplayable(f"unknown tag {tag!r} in call spec")
+
+
+def decode_call(spec: Mapping[str, Any], tensors: Mapping[str, Any]) -> Tuple[tuple, dict]:
+    """``(args, kwargs)`` rebuilt from a call spec; ``tensors`` maps ``"input.0"`` to tensors.
+
+    Raises :class:`NotReplayable` (a ValueError) naming the value that cannot be rebuilt.
+    """
+    if not isinstance(spec, Mapping) or "args" not in spec:
+        raise NotReplayable(f"not a call spec: {spec!r:.200}")
+    args = tuple(_decode(a, tensors) for a in spec.get("args", []))
+    kwargs = {k: _decode(v, tensors) for k, v in (spec.get("kwargs") or {}).items()}
+    return args, kwargs

@@ -1,0 +1,316 @@
+"""Capture: see every outermost public PyTorch call and hand it to the sinks.
+
+A :class:`torch.overrides.TorchFunctionMode` sees ``torch.*``, ``F.*``, Tensor methods and
+operators (``__getitem__`` of every kind included), ``torch._VF`` and optimizer ops, whatever
+reference the caller holds (``from torch import relu``, ``activation=F.relu`` bound before start),
+without replacing any attribute, so ``fn is F.gelu`` keeps working. While the mode handles a call
+it is popped from the mode stack, so calls made inside that API are not seen (outermost only).
+``torch.distributed`` collectives and ``torch_npu`` functions do not pass through
+``__torch_function__``: their module attributes are wrapped while capture is started.
+
+Backward taps (see ``sink.py``): gradient arriving at output ``i`` comes from ``out.register_hook``
+(``backward_input.i``); for every input that requires grad, the API gets an alias
+``x.view_as(x)`` and the hook on the alias sees exactly this API's share (``backward_output.j``).
+No alias for in-place ops' first argument, for ``out=`` calls, or under no_grad.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from pytest_ptdbg.capture import names
+from pytest_ptdbg.capture.sink import ApiCall, iter_tensors, outputs_of
+
+__all__ = ["CaptureEngine"]
+
+_Tensor = torch.Tensor
+
+#: torch.distributed functions wrapped while started (those that exist in this torch)
+DIST_FUNCS = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
+    "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+    "gather", "scatter", "send", "recv", "isend", "irecv", "broadcast_object_list",
+    "_all_gather_base", "_reduce_scatter_base",
+)
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, engine: "CaptureEngine") -> None:
+        super().__init__()
+        self.engine = engine
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        eng = self.engine
+        if eng.busy or eng.depth:
+            return func(*args, **kwargs)
+        hit = names.classify(func)
+        if hit is None:
+            return func(*args, **kwargs)
+        return eng.handle(hit[0], hit[1], func, args, kwargs, 2)
+
+
+class CaptureEngine:
+    """Starts/stops capture and routes each call to the sinks.
+
+    ``sinks`` is a list of objects following ``sink.py``'s protocol; it may be replaced between
+    steps. Call counters (the ``k`` of API names) live here: :meth:`reset_step` zeroes them.
+    """
+
+    def __init__(self, sinks: Optional[list] = None) -> None:
+        self.sinks: list = list(sinks or [])
+        self.counters: Dict[Tuple[str, str], int] = {}
+        self.seq = 0
+        self.busy = False  # a sink is working: its torch calls are not captured
+        self.depth = 0  # inside a wrapped (non-mode) API call
+        self.opt_depth = 0  # inside Optimizer.step
+        self.started = False
+        self._mode: Optional[_Mode] = None
+        self._hooks: list = []
+        self._patched: List[Tuple[Any, str, Any]] = []
+        self._thread: Optional[int] = None
+
+    # -- start / stop ------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.started:
+            return
+        names.build_table()
+        self._thread = threading.get_ident()
+        self._mode = _Mode(self)
+        self._mode.__enter__()
+        self.started = True
+        self.opt_depth = 0
+        self.depth = 0
+        try:
+            from torch.optim.optimizer import (
+                register_optimizer_step_post_hook,
+                register_optimizer_step_pre_hook,
+            )
+
+            self._hooks.append(register_optimizer_step_pre_hook(self._opt_pre))
+            self._hooks.append(register_optimizer_step_post_hook(self._opt_post))
+        except ImportError:  # pragma: no cover - torch < 2.0
+            pass
+        self._patch_distributed()
+        self._patch_npu()
+
+    def stop(self) -> None:
+        if not self.started:
+            return
+        try:
+            self._mode.__exit__(None, None, None)
+        finally:
+            self.started = False
+            self._mode = None
+            for h in self._hooks:
+                h.remove()
+            self._hooks.clear()
+            for owner, attr, orig in reversed(self._patched):
+                setattr(owner, attr, orig)
+            self._patched.clear()
+
+    def reset_step(self) -> None:
+        """New step: call counters and the execution order start again from 0."""
+        self.counters.clear()
+        self.seq = 0
+
+    def _opt_pre(self, opt, args, kwargs) -> None:
+        self.opt_depth += 1
+
+    def _opt_post(self, opt, args, kwargs) -> None:
+        if self.opt_depth > 0:
+            self.opt_depth -= 1
+
+    # -- wrapped module functions ------------------------------------------------------------
+    def _wrap(self, owner: Any, attr: str, api_type: str, name: str) -> None:
+        orig = getattr(owner, attr, None)
+        if orig is None or not callable(orig) or getattr(orig, "_ptdbg_wrapped", False):
+            return
+        engine = self
+
+        def wrapper(*args, **kwargs):
+            if not engine.started or engine.busy or engine.depth or threading.get_ident() != engine._thread:
+                return orig(*args, **kwargs)
+            return engine.handle(api_type, name, orig, args, kwargs, 2, wrapped=True)
+
+        wrapper._ptdbg_wrapped = True  # type: ignore[attr-defined]
+        wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+        wrapper.__name__ = getattr(orig, "__name__", attr)
+        wrapper.__doc__ = getattr(orig, "__doc__", None)
+        setattr(owner, attr, wrapper)
+        self._patched.append((owner, attr, orig))
+
+    def _patch_distributed(self) -> None:
+        try:
+            import torch.distributed as dist
+        except ImportError:  # pragma: no cover
+            return
+        if not dist.is_available():
+            return
+        for fname in DIST_FUNCS:
+            self._wrap(dist, fname, "Distributed", fname)
+            # torch.distributed re-exports from distributed_c10d; patch both spellings
+            c10d = getattr(dist, "distributed_c10d", None)
+            if c10d is not None:
+                self._wrap(c10d, fname, "Distributed", fname)
+
+    def _patch_npu(self) -> None:
+        mod = sys.modules.get("torch_npu")
+        if mod is None:
+            return
+        for fname in dir(mod):  # pragma: no cover - needs torch_npu
+            if fname.startswith(("npu_", "fast_gelu")):
+                obj = getattr(mod, fname, None)
+                if callable(obj) and not isinstance(obj, type):
+                    self._wrap(mod, fname, "NPU", fname)
+
+    # -- one call ----------------------------------------------------------------------------
+    def handle(self, api_type: str, name: str, func: Callable, args: tuple, kwargs: dict, frame_depth: int,
+               wrapped: bool = False) -> Any:
+        """Run ``func`` as one recorded API call."""
+        key = (api_type, name)
+        k = self.counters.get(key, 0)
+        self.counters[key] = k + 1
+        seq = self.seq
+        self.seq = seq + 1
+        inplace = wrapped and api_type == "Distributed" or names.is_inplace(api_type, name, args, kwargs)
+        call = ApiCall(api_type, name, k, func, args, kwargs, "optimizer" if self.opt_depth else "",
+                       inplace, seq, sys._getframe(frame_depth))
+        self.busy = True
+        try:
+            wanted = [s for s in self.sinks if s.start_call(call)]
+        finally:
+            self.busy = False
+        if not wanted:
+            call.release()
+            if wrapped:
+                self.depth += 1
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    self.depth -= 1
+            return func(*args, **kwargs)
+        bw = [s for s in wanted if getattr(s, "wants_backward", True)]
+        aliases: list = []
+        if bw and api_type != "Distributed" and torch.is_grad_enabled() and not (kwargs and "out" in kwargs):
+            args, kwargs, aliases = _alias_inputs(args, kwargs, skip_first=inplace)
+        if wrapped:
+            self.depth += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            if wrapped:
+                self.depth -= 1
+        same: set = set()
+        if aliases:
+            out = _unalias(out, aliases, same)
+        call.output = out
+        self.busy = True
+        try:
+            for s in wanted:
+                s.end_call(call)
+            if bw and torch.is_grad_enabled():
+                self._tap_backward(call, bw, out, aliases, same)
+        finally:
+            self.busy = False
+            call.release()
+        return out
+
+    # -- backward ------------------------------------------------------------------------------
+    def _tap_backward(self, call: ApiCall, sinks: list, out: Any, aliases: list, same: set) -> None:
+        seen = same  # outputs that are an input given back unchanged get no tap
+        for idx, t in iter_tensors(outputs_of(out)):
+            if isinstance(t, _Tensor) and t.requires_grad and id(t) not in seen:
+                seen.add(id(t))
+                t.register_hook(self._make_hook(call, sinks, "input", idx))
+        for idx, alias, orig in aliases:
+            alias.register_hook(self._make_hook(call, sinks, "output", idx))
+
+    def _make_hook(self, call: ApiCall, sinks: list, io: str, idx: Tuple[int, ...]) -> Callable:
+        engine = self
+
+        def hook(grad):
+            if grad is None:
+                return None
+            prev = engine.busy
+            engine.busy = True
+            try:
+                for s in sinks:
+                    s.on_backward(call, io, idx, grad)
+            finally:
+                engine.busy = prev
+            return None
+
+        return hook
+
+
+def _alias_inputs(args: tuple, kwargs: dict, skip_first: bool) -> Tuple[tuple, dict, list]:
+    """Replace each input tensor that requires grad by ``x.view_as(x)``.
+
+    The same tensor object passed twice gets one alias (identity checks such as ``query is key``
+    inside the API keep their answer); its gradient is recorded at its first index.
+    Returns new args, kwargs and ``[(index, alias, original), ...]``.
+    """
+    aliases: list = []
+    memo: Dict[int, Any] = {}
+
+    def sub(v: Any, idx: Tuple[int, ...]) -> Any:
+        if isinstance(v, _Tensor):
+            if not v.requires_grad:
+                return v
+            a = memo.get(id(v))
+            if a is None:
+                a = v.view_as(v)
+                memo[id(v)] = a
+                aliases.append((idx, a, v))
+            return a
+        tv = type(v)
+        if tv is list or tv is tuple:
+            new = [sub(x, idx + (j,)) for j, x in enumerate(v)]
+            if any(n is not o for n, o in zip(new, v)):
+                return tv(new)
+            return v
+        return v
+
+    n = len(args)
+    new_args = list(args)
+    changed = False
+    for i in range(1 if skip_first else 0, n):
+        a = sub(args[i], (i,))
+        if a is not args[i]:
+            new_args[i] = a
+            changed = True
+    new_kwargs = kwargs
+    if kwargs:
+        for j, (kk, v) in enumerate(kwargs.items()):
+            if skip_first and n == 0 and j == 0:
+                continue
+            a = sub(v, (n + j,))
+            if a is not v:
+                if new_kwargs is kwargs:
+                    new_kwargs = dict(kwargs)
+                new_kwargs[kk] = a
+    if not aliases:
+        return args, kwargs, aliases
+    return (tuple(new_args) if changed else args), new_kwargs, aliases
+
+
+def _unalias(out: Any, aliases: list, same: set) -> Any:
+    """Give back the caller's own tensor where the API returned one of our aliases unchanged."""
+    if isinstance(out, _Tensor):
+        for _, a, o in aliases:
+            if out is a:
+                same.add(id(o))
+                return o
+        return out
+    t = type(out)
+    if t is tuple or t is list:
+        new = [_unalias(x, aliases, same) for x in out]
+        if any(n is not o for n, o in zip(new, out)):
+            return t(new)
+    return out

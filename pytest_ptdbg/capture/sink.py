@@ -1,0 +1,231 @@
+"""What capture hands to its consumers: the :class:`ApiCall` object and the :class:`Sink` protocol.
+
+Capture (``capture/engine.py``) decides *what* was called; a sink decides *what to do* with it.
+The dump writer (``dump/writer.py``: ``DumpSink``) is one sink; the overflow checker
+(``replay/overflow.py``: ``OverflowSink``) and the acl packager (``replay/acl.py``: ``AclSink``)
+are others. ``PrecisionDebugger`` builds its sinks with ``Cls(config=<DebugConfig>, rank_dir=<str>)``
+(``config.py``: fields ``dump_path, hook_name, step, rank, mode, scope, api_list, filter_switch,
+input_output_mode, summary_only, acl_config, backward_input``) and attaches them to the engine.
+
+Life of one recorded API call (only the outermost public PyTorch call is seen; calls made inside
+it, and any torch call a sink makes from its callbacks, are not captured)::
+
+    call = ApiCall(...)                       # api_type, api_name, index k, func, args, kwargs
+    wanted = [s for s in sinks if s.start_call(call)]   # BEFORE the real function runs
+    call.output = func(*args, **kwargs)       # the real call (inputs that require grad are
+                                              # passed as aliases, see below)
+    for s in wanted: s.end_call(call)         # AFTER it ran; call.output is set
+    ... later, during loss.backward():
+    s.on_backward(call, "input", (i,), grad)  # gradient arriving at output i  -> backward_input.i
+    s.on_backward(call, "output", (j,), grad) # gradient this API produced for its input j
+                                              #                              -> backward_output.j
+    ... at stop()/step()/end of the debugger:
+    s.flush(); s.close()
+
+Sink protocol (duck-typed; subclass :class:`Sink` for the defaults):
+
+``start_call(call) -> bool``
+    Called before the API runs, with ``call.args``/``call.kwargs`` holding the user's own
+    arguments (tensors are the caller's objects, not aliases). Record inputs here: an in-place op
+    changes them. Return True to receive ``end_call`` and ``on_backward`` for this call.
+``end_call(call) -> None``
+    Called after the API returned; ``call.output`` is what the user receives.
+``on_backward(call, io, index, grad) -> None``
+    ``io`` is ``"input"`` (gradient arriving at the output with that index) or ``"output"``
+    (gradient produced for the input with that index); ``index`` is a tuple like ``(0,)`` or
+    ``(1, 0)`` for nested lists (``_input.1.0``); ``grad`` is a tensor. Called from autograd;
+    gradients of one API arrive one tensor at a time, possibly interleaved with other APIs.
+    ``call.backward_key`` names the backward API. Only sinks whose ``wants_backward`` is True and
+    that returned True from ``start_call`` get these.
+``flush() -> None``: make everything recorded so far durable (end of a start/stop segment).
+``close() -> None``: end of a step (or of the debugger); release files.
+
+Indexing of inputs and outputs: inputs are ``list(args) + list(kwargs.values())`` (kwargs in the
+order given), one index per position (positions holding no tensor or number get no record but keep
+their index); a list/tuple argument adds a level (``input.2.0``). A single tensor output is
+``output.0``; a tuple/list output is indexed like inputs. :func:`iter_tensors` walks this.
+
+``ApiCall`` fields:
+
+=================  ==============================================================================
+``api_type``       "Torch", "Functional", "Tensor", "VF", "Distributed" or "NPU"
+``api_name``       e.g. ``"linear"``, ``"__getitem__"``, ``"add_"``
+``index``          k: how many calls of this API came before in this step (from 0)
+``func``           the callable that was called (e.g. ``torch.nn.functional.linear``)
+``args, kwargs``   the user's arguments (kwargs a dict, never None)
+``output``         the return value (None before the call)
+``ctx``            ``""`` or ``"optimizer"`` (made inside ``Optimizer.step``)
+``inplace``        True for in-place ops (``add_``, ``__iadd__``, ``__setitem__``, ``out=``,
+                   ``inplace=True``)
+``seq``            execution order of the call within the step (0, 1, ...)
+``forward_key``    ``Functional_linear_0_forward`` (property); ``backward_key`` likewise
+``stack``          list of ``[file, line, function, code]`` frames, innermost user frame first
+                   (property; only valid inside ``start_call``/``end_call``, cached once read)
+``state``          a dict a sink may use for its own per-call data (key by sink)
+=================  ==============================================================================
+"""
+from __future__ import annotations
+
+import linecache
+import os
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+from pytest_ptdbg.dump import records
+
+__all__ = ["ApiCall", "Sink", "iter_tensors", "input_items"]
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class ApiCall:
+    """One call of a public PyTorch API, as seen by capture (see the module docstring)."""
+
+    __slots__ = (
+        "api_type", "api_name", "index", "func", "args", "kwargs", "output", "ctx", "inplace",
+        "seq", "state", "_frame", "_stack", "__weakref__",
+    )
+
+    def __init__(
+        self,
+        api_type: str,
+        api_name: str,
+        index: int,
+        func: Callable,
+        args: tuple,
+        kwargs: dict,
+        ctx: str = "",
+        inplace: bool = False,
+        seq: int = 0,
+        frame: Any = None,
+    ) -> None:
+        self.api_type = api_type
+        self.api_name = api_name
+        self.index = index
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.output: Any = None
+        self.ctx = ctx
+        self.inplace = inplace
+        self.seq = seq
+        self.state: dict = {}
+        self._frame = frame
+        self._stack: Optional[List[list]] = None
+
+    @property
+    def forward_key(self) -> str:
+        return records.api_key(self.api_type, self.api_name, self.index, "forward")
+
+    @property
+    def backward_key(self) -> str:
+        return records.api_key(self.api_type, self.api_name, self.index, "backward")
+
+    def key(self, direction: str) -> str:
+        return records.api_key(self.api_type, self.api_name, self.index, direction)
+
+    @property
+    def stack(self) -> List[list]:
+        """``[[file, line, function, code], ...]`` of the user's frames, innermost first."""
+        if self._stack is None:
+            self._stack = extract_stack(self._frame)
+            self._frame = None
+        return self._stack
+
+    def release(self) -> None:
+        """Drop the frame reference (capture calls this after ``end_call``)."""
+        self._frame = None
+
+    def __repr__(self) -> str:
+        return f"ApiCall({self.forward_key})"
+
+
+_FRAME_CACHE: dict = {}
+_SKIP_FILES = (os.path.join("torch", "overrides.py"),)
+
+
+_CHAINS: dict = {}
+
+
+def extract_stack(frame: Any, limit: int = 30) -> List[list]:
+    """Frames from ``frame`` outwards (innermost first), skipping this package's own frames.
+
+    The same chain of frames gives the same (shared, not to be modified) list object, so sinks can
+    cache its encoding by ``id``.
+    """
+    chain = []
+    f = frame
+    while f is not None and len(chain) < limit:
+        chain.append((f.f_code, f.f_lineno))
+        f = f.f_back
+    key = tuple(chain)
+    hit = _CHAINS.get(key)
+    if hit is not None:
+        return hit
+    out: List[list] = []
+    pkg = _PKG_DIR
+    cache = _FRAME_CACHE
+    for code, line in chain:
+        entry = cache.get((code, line))
+        if entry is None:
+            fn = code.co_filename
+            if fn.startswith(pkg) or fn.endswith(_SKIP_FILES):
+                entry = ()
+            else:
+                entry = (fn, line, code.co_name, linecache.getline(fn, line).strip())
+            if len(cache) < 100000:
+                cache[(code, line)] = entry
+        if entry:
+            out.append(list(entry))
+    if len(_CHAINS) < 20000:
+        _CHAINS[key] = out
+    return out
+
+
+class Sink:
+    """Base class with no-op defaults; see the module docstring for the protocol."""
+
+    #: whether this sink wants ``on_backward`` calls (capture places gradient taps only then)
+    wants_backward: bool = True
+
+    def start_call(self, call: ApiCall) -> bool:  # pragma: no cover - protocol default
+        return False
+
+    def end_call(self, call: ApiCall) -> None:  # pragma: no cover - protocol default
+        pass
+
+    def on_backward(self, call: ApiCall, io: str, index: Tuple[int, ...], grad: Any) -> None:  # pragma: no cover
+        pass
+
+    def flush(self) -> None:  # pragma: no cover - protocol default
+        pass
+
+    def close(self) -> None:  # pragma: no cover - protocol default
+        pass
+
+
+def input_items(args: tuple, kwargs: dict) -> list:
+    """The inputs of a call in index order: ``list(args) + list(kwargs.values())``."""
+    if kwargs:
+        return list(args) + list(kwargs.values())
+    return list(args)
+
+
+def iter_tensors(value: Any, prefix: Tuple[int, ...] = ()) -> Iterator[Tuple[Tuple[int, ...], Any]]:
+    """``(index, leaf)`` for every leaf of ``value`` (a list of inputs, or an output).
+
+    Lists and tuples add an index level; every other object is a leaf (tensor, number, None...).
+    For an output that is not a list/tuple call ``iter_tensors([output])``.
+    """
+    for i, v in enumerate(value):
+        idx = prefix + (i,)
+        if type(v) in (list, tuple) or (isinstance(v, tuple) and not hasattr(v, "shape")):
+            yield from iter_tensors(v, idx)
+        else:
+            yield idx, v
+
+
+def outputs_of(output: Any) -> list:
+    """The output as an index-ordered list (a single value becomes ``[value]``)."""
+    if isinstance(output, (list, tuple)) and not hasattr(output, "shape"):
+        return list(output)
+    return [output]

@@ -1,0 +1,153 @@
+"""The ``ptdbg`` console command: ``compare``, ``parse`` and subcommands registered by other stages.
+
+Subcommands live in :data:`SUBCOMMANDS` (name -> ``(module:function, kind, help)``) and are imported
+only when invoked, so ``ptdbg compare`` never imports torch. ``kind`` is ``"add_parser"`` (the
+function adds its own subparser and sets ``func``) or ``"main"`` (the function takes the remaining
+argv and returns an exit status). A registered module that is missing is skipped.
+
+Exit status: 0 passed, 1 a precision problem was found, 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+#: name -> (target "module:function", kind, one-line help)
+SUBCOMMANDS: Dict[str, Tuple[str, str, str]] = {
+    "compare": ("pytest_ptdbg.cli:add_compare_parser", "add_parser",
+                "compare two dumps API by API and name the API that first loses precision"),
+    "parse": ("pytest_ptdbg.cli:add_parse_parser", "add_parser",
+              "print the stack and statistics of the records of one API"),
+    "replay": ("pytest_ptdbg.replay.cli:add_parser", "add_parser",
+               "run one saved API call again and compare with the saved result"),
+    "demo": ("pytest_ptdbg.demo:main", "main", "dump one training step of an example model"),
+}
+
+
+def register(name: str, target: str, kind: str = "add_parser", help: str = "") -> None:
+    """Register a subcommand (``target`` is ``"module:function"``; see the module docstring)."""
+    if kind not in ("add_parser", "main"):
+        raise ValueError(f"register({name!r}): kind must be 'add_parser' or 'main', got {kind!r}")
+    SUBCOMMANDS[name] = (target, kind, help)
+
+
+def _resolve(target: str) -> Optional[Callable[..., Any]]:
+    mod, _, fn = target.partition(":")
+    try:
+        m = importlib.import_module(mod)
+    except ModuleNotFoundError as e:
+        if e.name and (mod == e.name or mod.startswith(e.name + ".")):
+            return None  # the stage is not installed/built: skip it
+        raise
+    return getattr(m, fn, None)
+
+
+def add_compare_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("compare", help=SUBCOMMANDS["compare"][2],
+                       description="Compare an NPU (device under test) dump with a bench dump. A dump "
+                                   "directory (dump_path, step or rank folder), a .pkl or an msprobe "
+                                   "dump.json is enough: the records and tensors are found inside.")
+    p.add_argument("npu", help="NPU dump: folder, .pkl or dump.json")
+    p.add_argument("bench", help="bench dump: folder, .pkl or dump.json")
+    p.add_argument("-o", "--output", default="./output", help="output folder (default ./output)")
+    p.add_argument("--summary", action="store_true", help="compare statistics only (no tensors read)")
+    p.add_argument("--fuzzy", action="store_true", help="ignore call indices when pairing (fuzzy_match)")
+    p.add_argument("--rule", choices=("ptdbg", "dtype"), default="ptdbg",
+                   help="verdict rule: ptdbg's default, or dtype-aware assert_close tolerances")
+    p.add_argument("--stack", action="store_true", help="add NPU_Stack_Info to the CSV (stack_mode)")
+    p.add_argument("--distributed", action="store_true",
+                   help="NPU and bench are step folders of rank<N> folders: compare rank by rank")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the result line")
+    p.set_defaults(func=run_compare)
+    return p
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from pytest_ptdbg.compare.api import compare, compare_distributed
+
+    kw = dict(stack_mode=args.stack, fuzzy_match=args.fuzzy, rule=args.rule)
+    try:
+        if args.distributed:
+            if args.summary:
+                kw["summary_compare"] = True
+            res = compare_distributed(args.npu, args.bench, args.output,
+                                      is_print_compare_log=not args.quiet, **kw)
+            if args.quiet:
+                print(res.summary, end="")
+            return 0 if res.passed else 1
+        param: Dict[str, Any] = {"npu_pkl_path": args.npu, "bench_pkl_path": args.bench,
+                                 "is_print_compare_log": not args.quiet}
+        if args.summary:
+            kw["summary_compare"] = True
+            param["npu_dump_data_dir"] = param["bench_dump_data_dir"] = ""
+        r = compare(param, args.output, **kw)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"ptdbg compare: error: {e}", file=sys.stderr)
+        return 2
+    first = r.first_suspect
+    state = "PASSED" if r.passed else "FAILED"
+    who = f"; first suspect: {first.api}" if first is not None else ""
+    print(f"ptdbg compare: {state}: {len(r.table)} rows{who}; {r.csv_path}")
+    return 0 if r.passed else 1
+
+
+def add_parse_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("parse", help=SUBCOMMANDS["parse"][2])
+    p.add_argument("pkl", help=".pkl, dump.json or dump folder")
+    p.add_argument("api", help="API key prefix, e.g. Torch_batch_norm_1_forward")
+    p.set_defaults(func=run_parse)
+    return p
+
+
+def run_parse(args: argparse.Namespace) -> int:
+    from pytest_ptdbg.parse import parse
+
+    try:
+        found = parse(args.pkl, args.api)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"ptdbg parse: error: {e}", file=sys.stderr)
+        return 2
+    return 0 if found else 1
+
+
+def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, import just that subcommand (others are listed, not imported)."""
+    parser = argparse.ArgumentParser(prog="ptdbg", description="pytest-ptdbg: dump, compare, replay.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (target, kind, help_) in SUBCOMMANDS.items():
+        if only is not None and name == only and kind == "add_parser":
+            fn = _resolve(target)
+            if fn is not None:
+                fn(sub)
+                continue
+        p = sub.add_parser(name, help=help_, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``ptdbg``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = argv[0] if argv and not argv[0].startswith("-") else None
+    if cmd is not None and cmd in SUBCOMMANDS and SUBCOMMANDS[cmd][1] == "main":
+        fn = _resolve(SUBCOMMANDS[cmd][0])
+        if fn is None:
+            print(f"ptdbg: the {cmd!r} command is not available in this installation", file=sys.stderr)
+            return 2
+        return int(fn(argv[1:]) or 0)
+    parser = build_parser(cmd)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    func = getattr(args, "func", None)
+    if func is None:
+        print(f"ptdbg: the {args.command!r} command is not available in this installation", file=sys.stderr)
+        return 2
+    return int(func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""``compare`` and ``compare_distributed``: two dumps in, CSV + advisor + HTML report out. No torch.
+
+ptdbg's interface::
+
+    compare({"npu_pkl_path": ..., "bench_pkl_path": ..., "npu_dump_data_dir": ...,
+             "bench_dump_data_dir": ..., "is_print_compare_log": True}, "./output", stack_mode=True)
+
+Paths may also be dump folders (dump_path, step or rank folder, msprobe ``dump.json`` folder); the
+record file and data folder are then found inside. Without data folders (keys absent while the
+paths name ``.pkl`` files, or empty) the compare uses statistics only ("summary compare").
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import pandas as pd
+
+from pytest_ptdbg.compare import verdict as V
+from pytest_ptdbg.compare.table import build_table
+from pytest_ptdbg.dump import reader
+
+
+@dataclass
+class CompareResult:
+    """What :func:`compare` produced. ``passed``: no tensor pair fails the verdict rule."""
+
+    table: pd.DataFrame
+    advice: Any
+    csv_path: str
+    advisor_path: Optional[str]
+    html_path: Optional[str]
+    passed: bool
+    problems: List[str] = field(default_factory=list)
+    summary_compare: bool = False
+
+    @property
+    def first_suspect(self):
+        return self.advice.first if self.advice is not None and self.advice.suspects else None
+
+
+@dataclass
+class DistributedResult:
+    """What :func:`compare_distributed` produced: one :class:`CompareResult` per rank pair."""
+
+    results: Dict[Tuple[int, int], CompareResult]
+    diverging: List[Tuple[int, int]]
+    first_suspect_rank: Optional[Tuple[int, int]]
+    summary: str
+    summary_path: str
+
+    @property
+    def passed(self) -> bool:
+        return not self.diverging
+
+
+def _timestamp() -> str:
+    return time.strftime("%Y%m%d%H%M%S", time.localtime())
+
+
+def _load(input_param: Dict[str, Any], side: str, problems: List[str]) -> reader.Dump:
+    key = f"{side}_pkl_path"
+    path = input_param.get(key)
+    if not path:
+        raise ValueError(f"compare: input_param lacks {key!r} (the {side.upper()} dump's .pkl or folder)")
+    dkey = f"{side}_dump_data_dir"
+    if dkey in input_param:
+        data_dir = input_param[dkey] or ""
+    elif os.path.isdir(path):
+        data_dir = None          # found inside the folder
+    else:
+        data_dir = ""            # ptdbg: no data dir given -> statistics only
+    if data_dir and not os.path.isdir(data_dir):
+        problems.append(f"{data_dir}: {side.upper()} data directory not found (statistics only)")
+        data_dir = ""
+    dump = reader.read_dump(path, data_dir)
+    problems.extend(dump.problems)
+    return dump
+
+
+def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = False,
+            auto_analyze: bool = True, fuzzy_match: bool = False, rule: str = "ptdbg",
+            thresholds: Optional[V.Thresholds] = None, summary_compare: Optional[bool] = None,
+            _tag: str = "") -> CompareResult:
+    """Compare an NPU dump with a bench dump (ptdbg's ``compare``), write the reports, return them.
+
+    Writes ``compare_result_{ts}.csv``, ``advisor_{ts}.txt`` (when ``auto_analyze``; the advice is
+    computed and returned in any case, for the HTML report) and
+    ``compare_result_{ts}.html`` into ``output_path``. ``rule``: ``"ptdbg"`` (default) or
+    ``"dtype"`` (assert_close tolerances of the lower-precision side; see ``compare/verdict.py``).
+    ``summary_compare``: force (True) or forbid (False) a statistics-only compare; default: when
+    a side has no saved tensors. Problems with the input are listed in ``problems`` and the CSV.
+    """
+    log = bool(input_param.get("is_print_compare_log", True))
+    say = (lambda msg: print(f"[ptdbg compare] {msg}", flush=True)) if log else (lambda msg: None)
+    V._check_rule(rule)
+    for key in ("npu_pkl_path", "bench_pkl_path"):
+        if not input_param.get(key):
+            raise ValueError(f"compare: input_param lacks {key!r} (the {key[:-9].upper()} dump's .pkl or folder)")
+    problems: List[str] = []
+    npu = _load(input_param, "npu", problems)
+    bench = _load(input_param, "bench", problems)
+    if npu.mode and bench.mode and npu.mode != bench.mode:
+        problems.append(f"dumps of different modes: NPU {npu.mode!r} ({npu.source}) vs bench "
+                        f"{bench.mode!r} ({bench.source}); calls recorded by one side only are unpaired")
+    summary = summary_compare
+    if summary is None:
+        summary = not (npu.has_data and bench.has_data)
+        if summary and (npu.has_data or bench.has_data):
+            side = "bench" if npu.has_data else "NPU"
+            problems.append(f"the {side} dump has no saved tensors: statistics (summary) compare")
+    elif not summary and not (npu.has_data and bench.has_data):
+        problems.append("full compare asked for but a dump has no saved tensors: those rows are Nan")
+    say(f"NPU {npu.source}: {len(npu.apis)} APIs, {npu.n_tensors} tensors")
+    say(f"bench {bench.source}: {len(bench.apis)} APIs, {bench.n_tensors} tensors")
+    say("summary compare (statistics only)" if summary else "full compare (saved tensors)")
+    t0 = time.perf_counter()
+    table = build_table(npu, bench, summary=summary, stack_mode=stack_mode, fuzzy_match=fuzzy_match,
+                        rule=rule, thresholds=thresholds, problems=problems,
+                        progress=say if log else None)
+    say(f"{len(table)} rows in {time.perf_counter() - t0:.2f} s")
+    return _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, _tag)
+
+
+def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyze: bool,
+            problems: List[str], summary: bool, say, tag: str) -> CompareResult:
+    from pytest_ptdbg.advise.advisor import advise
+    from pytest_ptdbg.report.advisor_text import write_advisor
+    from pytest_ptdbg.report.csv_report import write_csv
+    from pytest_ptdbg.report.html_report import write_html
+
+    os.makedirs(output_path, exist_ok=True)
+    ts = _timestamp()
+    stem = f"{tag}_{ts}" if tag else ts
+    csv_path = write_csv(table, os.path.join(output_path, f"compare_result_{stem}.csv"), stack_mode)
+    advice = advise(table)
+    advisor_path = None
+    if auto_analyze:
+        advisor_path = write_advisor(advice, os.path.join(output_path, f"advisor_{stem}.txt"))
+    html_path = write_html(table, advice, os.path.join(output_path, f"compare_result_{stem}.html"),
+                           title=f"ptdbg compare {tag}".strip())
+    passed = bool(table["_passed"].all()) if len(table) else True
+    n_no = int((table["Accuracy Reached or Not"] == "No").sum()) if len(table) else 0
+    say(f"{n_no} of {len(table)} rows fail the verdict; CSV: {csv_path}")
+    for p in problems[:20]:
+        say(f"problem: {p}")
+    if len(problems) > 20:
+        say(f"... and {len(problems) - 20} more problems")
+    if auto_analyze:
+        for line in advice.text().splitlines()[:3]:
+            say(line)
+    return CompareResult(table, advice, csv_path, advisor_path, html_path, passed, problems, summary)
+
+
+def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str,
+                        **kwargs: Any) -> DistributedResult:
+    """Compare two step folders rank by rank (numeric order: rank2 before rank10).
+
+    Both folders must hold only ``rank<N>`` folders, equally many (else ValueError naming the
+    difference). Writes ``compare_result_rank{n}-rank{b}_{ts}.csv`` (+ advisor, HTML) per pair and
+    ``distributed_summary_{ts}.txt``. ``kwargs`` go to :func:`compare` (``stack_mode``, ``rule``,
+    ``is_print_compare_log``, ...).
+    """
+    npu_ranks = reader.rank_dirs(npu_step_dir)
+    bench_ranks = reader.rank_dirs(bench_step_dir)
+    if len(npu_ranks) != len(bench_ranks):
+        nn = [r for r, _ in npu_ranks]
+        bb = [r for r, _ in bench_ranks]
+        raise ValueError(
+            f"compare_distributed: {npu_step_dir} holds {len(nn)} ranks {nn} but {bench_step_dir} "
+            f"holds {len(bb)} ranks {bb}; only in NPU: {sorted(set(nn) - set(bb))}, "
+            f"only in bench: {sorted(set(bb) - set(nn))}")
+    log = kwargs.pop("is_print_compare_log", True)
+    results: Dict[Tuple[int, int], CompareResult] = {}
+    for (rn, pn), (rb, pb) in zip(npu_ranks, bench_ranks):
+        param = {"npu_pkl_path": pn, "bench_pkl_path": pb, "is_print_compare_log": log}
+        results[(rn, rb)] = compare(param, output_path, _tag=f"rank{rn}-rank{rb}", **kwargs)
+    diverging = [k for k, r in results.items() if not r.passed]
+    first, first_order = None, None
+    for k in (diverging or list(results)):
+        s = results[k].first_suspect
+        if s is None:
+            continue
+        order = getattr(s, "order", 0)
+        if first_order is None or order < first_order:
+            first, first_order = k, order
+    lines = [f"compare_distributed: {len(results)} rank pair(s): "
+             + ", ".join(f"rank{a}-rank{b}" for a, b in results)]
+    for (a, b), r in results.items():
+        s = r.first_suspect
+        state = "diverges" if not r.passed else "agrees"
+        who = f"; first suspect {s.api} ({s.kind})" if s is not None else ""
+        lines.append(f"  rank{a}-rank{b}: {state}{who}; {os.path.basename(r.csv_path)}")
+    if diverging:
+        lines.append("Diverging ranks: " + ", ".join(f"rank{a}-rank{b}" for a, b in diverging))
+    else:
+        lines.append("All ranks agree.")
+    if first is not None:
+        s = results[first].first_suspect
+        lines.append(f"First suspect (earliest in execution order): rank{first[0]}-rank{first[1]}: {s.api}")
+    text = "\n".join(lines) + "\n"
+    os.makedirs(output_path, exist_ok=True)
+    spath = os.path.join(output_path, f"distributed_summary_{_timestamp()}.txt")
+    with open(spath, "w", encoding="utf-8") as f:
+        f.write(text)
+    if log:
+        print(text, end="", flush=True)
+    return DistributedResult(results, diverging, first, text, spath)

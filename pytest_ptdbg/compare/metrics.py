@@ -1,0 +1,334 @@
+"""Metric kernels for one tensor pair (pure numpy, float64, no torch).
+
+Definitions (ptdbg's, ``n`` = NPU values, ``b`` = bench values, both flattened):
+
+- ``cosine`` = n·b / (‖n‖‖b‖); both norms ~0 -> 1.0; one side all zero -> NaN (undefined);
+  a single element -> NaN (unsupported, as in ptdbg).
+- ``max_abs_err`` = max |n − b|.
+- relative error r = |n − b| / |b|, with the bench dtype's machine eps as denominator where b == 0
+  (ptdbg's rule); ``max_rel_err`` = max r.
+- ``one_thousandth`` / ``five_thousandths``: **pass fractions**, the share of elements with
+  r < 0.001 / r < 0.005 (1.0 is good).
+- ``rel_l2`` = ‖n − b‖₂ / ‖b‖₂ (0 when both are zero, inf when only b is).
+- NaN/Inf: positions (and Inf signs) are compared; where they agree the elements are left out of
+  every metric, where they differ ``nan_mismatch`` is set (the pair fails).
+- ``tol_fail``: with ``tol=(atol, rtol)``, the number of elements with |n − b| > atol + rtol·|b|
+  (the ``torch.testing.assert_close`` test), used by the dtype-aware verdict.
+
+Speed: arrays are processed in chunks of :data:`CHUNK` elements through preallocated float64
+buffers (per thread), the sums use BLAS dot products, NaN/Inf handling only runs for chunks whose
+sums are not finite, and ``.npy`` files are streamed (:class:`~pytest_ptdbg.dump.npy.NpyStream`),
+so memory stays at a few chunks whatever the tensor size.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+import numpy as np
+
+CHUNK = 1 << 15
+THOUSANDTH = 0.001
+FIVE_THOUSANDTHS = 0.005
+_F64_EPS = float(np.finfo(np.float64).eps)
+
+#: machine eps by record dtype (bf16 has no numpy dtype)
+DTYPE_EPS = {
+    "torch.float16": float(np.finfo(np.float16).eps),
+    "torch.half": float(np.finfo(np.float16).eps),
+    "torch.bfloat16": 2.0 ** -7,
+    "torch.float32": float(np.finfo(np.float32).eps),
+    "torch.float": float(np.finfo(np.float32).eps),
+    "torch.float64": _F64_EPS,
+    "torch.double": _F64_EPS,
+}
+
+
+def dtype_eps(dtype: Optional[str]) -> float:
+    """Machine eps of a record dtype (``"torch.float16"`` ...); float64's for int/bool/unknown."""
+    if dtype is None:
+        return _F64_EPS
+    d = dtype if dtype.startswith("torch.") else "torch." + dtype
+    return DTYPE_EPS.get(d, _F64_EPS)
+
+
+@dataclass
+class PairMetrics:
+    """Metrics of one tensor pair; NaN where a metric is undefined (see ``message``)."""
+
+    cosine: float = math.nan
+    max_abs_err: float = math.nan
+    max_rel_err: float = math.nan
+    one_thousandth: float = math.nan
+    five_thousandths: float = math.nan
+    rel_l2: float = math.nan
+    nan_mismatch: bool = False
+    shape_mismatch: bool = False
+    npu_nonfinite: int = 0
+    bench_nonfinite: int = 0
+    tol_fail: Optional[int] = None
+    compared: int = 0
+    size: int = 0
+    message: str = ""
+
+
+class _Acc:
+    __slots__ = ("nn", "bb", "nb", "dd", "mabs", "mrel", "c1", "c5", "tolf", "cnt",
+                 "nf_n", "nf_b", "mismatch", "size")
+
+    def __init__(self) -> None:
+        self.nn = self.bb = self.nb = self.dd = 0.0
+        self.mabs = self.mrel = -math.inf
+        self.c1 = self.c5 = self.tolf = self.cnt = self.nf_n = self.nf_b = self.size = 0
+        self.mismatch = False
+
+
+class _Work(threading.local):
+    def __init__(self) -> None:
+        self.x = np.empty(CHUNK)
+        self.y = np.empty(CHUNK)
+        self.d = np.empty(CHUNK)
+        self.r = np.empty(CHUNK)
+        self.m = np.empty(CHUNK, dtype=bool)
+        self.raw = {}
+
+    def raw_buf(self, dtype: np.dtype, slot: int) -> np.ndarray:
+        key = (dtype.str, slot)
+        buf = self.raw.get(key)
+        if buf is None:
+            buf = self.raw[key] = np.empty(CHUNK, dtype=dtype)
+        return buf
+
+
+_WORK = _Work()
+
+
+def _finite_chunk(acc: _Acc, x, y, d, r, m, eps: float, tol, nn=None, bb=None) -> None:
+    """Accumulate a chunk known (or assumed) to be finite. ``y`` is overwritten."""
+    dot = np.dot
+    acc.nn += float(dot(x, x)) if nn is None else nn
+    acc.bb += float(dot(y, y)) if bb is None else bb
+    acc.nb += float(dot(x, y))
+    np.subtract(x, y, out=d)
+    acc.dd += float(dot(d, d))
+    np.abs(d, out=d)
+    mabs = float(d.max())
+    if mabs > acc.mabs:
+        acc.mabs = mabs
+    np.abs(y, out=y)
+    if tol is not None:
+        atol, rtol = tol
+        np.multiply(y, rtol, out=r)
+        r += atol
+        acc.tolf += int(np.count_nonzero(np.greater(d, r, out=m)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.divide(d, y, out=r)
+    mrel = float(r.max())
+    if not (mrel < math.inf):  # inf or NaN: some b == 0 -> ptdbg's eps denominator there
+        zero = np.equal(y, 0.0, out=m)
+        r[zero] = d[zero] / eps
+        mrel = float(r.max())
+    if mrel > acc.mrel:
+        acc.mrel = mrel
+    acc.c1 += int(np.count_nonzero(np.less(r, THOUSANDTH, out=m)))
+    acc.c5 += int(np.count_nonzero(np.less(r, FIVE_THOUSANDTHS, out=m)))
+    acc.cnt += len(x)
+
+
+def _chunk(acc: _Acc, x, y, d, r, m, eps: float, tol) -> None:
+    k = len(x)
+    acc.size += k
+    nn = float(np.dot(x, x))
+    bb = float(np.dot(y, y))
+    if nn + bb < math.inf:  # fast path: every value finite
+        _finite_chunk(acc, x, y, d, r, m, eps, tol, nn, bb)
+        return
+    fx = np.isfinite(x)
+    fy = np.isfinite(y)
+    acc.nf_n += int(k - np.count_nonzero(fx))
+    acc.nf_b += int(k - np.count_nonzero(fy))
+    if not np.array_equal(fx, fy):
+        acc.mismatch = True
+    else:
+        bad = ~fx
+        xb, yb = x[bad], y[bad]
+        same = (xb == yb) | (np.isnan(xb) & np.isnan(yb))
+        if not bool(same.all()):
+            acc.mismatch = True
+    both = fx & fy
+    xs, ys = x[both], y[both]
+    n = len(xs)
+    if n:
+        _finite_chunk(acc, xs, ys, d[:n], r[:n], m[:n], eps, tol)
+
+
+ArrayLike = Union[np.ndarray, "object"]
+
+
+def _flat(a) -> np.ndarray:
+    a = np.asarray(a)
+    return a.reshape(-1)
+
+
+def _run(acc: _Acc, src_n, src_b, size: int, eps: float, tol) -> None:
+    """Feed chunks from two sources (flat arrays or NpyStreams) through the accumulator."""
+    w = _WORK
+    x, y, d, r, m = w.x, w.y, w.d, w.r, w.m
+    is_arr_n = isinstance(src_n, np.ndarray)
+    is_arr_b = isinstance(src_b, np.ndarray)
+    raw_n = None if is_arr_n else w.raw_buf(src_n.dtype, 0)
+    raw_b = None if is_arr_b else w.raw_buf(src_b.dtype, 1)
+    pos = 0
+    while pos < size:
+        k = min(CHUNK, size - pos)
+        xv, yv = x[:k], y[:k]
+        if is_arr_n:
+            np.copyto(xv, src_n[pos:pos + k], casting="unsafe")
+        else:
+            src_n.read_into(raw_n[:k])
+            np.copyto(xv, raw_n[:k], casting="unsafe")
+        if is_arr_b:
+            np.copyto(yv, src_b[pos:pos + k], casting="unsafe")
+        else:
+            src_b.read_into(raw_b[:k])
+            np.copyto(yv, raw_b[:k], casting="unsafe")
+        _chunk(acc, xv, yv, d[:k], r[:k], m[:k], eps, tol)
+        pos += k
+
+
+def _finish(acc: _Acc, size: int) -> PairMetrics:
+    out = PairMetrics(size=size, npu_nonfinite=acc.nf_n, bench_nonfinite=acc.nf_b,
+                      nan_mismatch=acc.mismatch, compared=acc.cnt)
+    msgs = []
+    if acc.mismatch:
+        msgs.append("position of inf or nan do not match")
+    elif acc.nf_n:
+        msgs.append(f"{acc.nf_n} NaN/Inf at the same positions on both sides (left out)")
+    if size == 0:
+        out.message = "empty tensor: nothing to compare"
+        return out
+    if acc.cnt == 0:
+        msgs.append("no finite element to compare")
+        out.message = "; ".join(msgs)
+        return out
+    out.max_abs_err = acc.mabs
+    out.max_rel_err = acc.mrel
+    out.one_thousandth = acc.c1 / acc.cnt
+    out.five_thousandths = acc.c5 / acc.cnt
+    out.tol_fail = acc.tolf
+    nrm_n, nrm_b = math.sqrt(acc.nn), math.sqrt(acc.bb)
+    out.rel_l2 = math.sqrt(acc.dd) / nrm_b if nrm_b > 0 else (0.0 if acc.dd == 0 else math.inf)
+    if size == 1:
+        msgs.append("scalar: cosine not supported")
+    elif nrm_n < _F64_EPS and nrm_b < _F64_EPS:
+        out.cosine = 1.0
+    elif nrm_n < _F64_EPS:
+        msgs.append("all zeros on the NPU side: cosine undefined")
+    elif nrm_b < _F64_EPS:
+        msgs.append("all zeros on the bench side: cosine undefined")
+    else:
+        c = acc.nb / (nrm_n * nrm_b)
+        out.cosine = min(1.0, max(-1.0, c)) if math.isfinite(c) else math.nan
+    out.message = "; ".join(msgs)
+    return out
+
+
+def shape_mismatch(npu_shape, bench_shape) -> PairMetrics:
+    """The metrics row of a pair whose shapes differ (ptdbg's "Unmatched")."""
+    return PairMetrics(shape_mismatch=True,
+                       message=f"shape mismatch (Unmatched): NPU {list(npu_shape)} vs bench {list(bench_shape)}")
+
+
+def compare_arrays(npu, bench, eps: Optional[float] = None,
+                   tol: Optional[Tuple[float, float]] = None) -> PairMetrics:
+    """All metrics of one pair of arrays (any numeric/bool dtype), chunked, in float64.
+
+    ``eps``: denominator where bench == 0 (default: eps of the bench array's float dtype, float64's
+    for int/bool). ``tol``: optional ``(atol, rtol)`` for ``tol_fail``.
+    """
+    n, b = np.asarray(npu), np.asarray(bench)
+    if n.shape != b.shape:
+        return shape_mismatch(n.shape, b.shape)
+    if eps is None:
+        eps = float(np.finfo(b.dtype).eps) if b.dtype.kind == "f" else _F64_EPS
+    acc = _Acc()
+    _run(acc, _flat(n), _flat(b), n.size, eps, tol)
+    return _finish(acc, n.size)
+
+
+def compare_streams(src_n, src_b, eps: float, tol: Optional[Tuple[float, float]] = None) -> PairMetrics:
+    """Like :func:`compare_arrays` for two sources with ``.size``/``.shape``: flat arrays or NpyStreams."""
+    if tuple(src_n.shape) != tuple(src_b.shape):
+        return shape_mismatch(src_n.shape, src_b.shape)
+    size = int(src_n.size)
+    acc = _Acc()
+    a = _flat(src_n) if isinstance(src_n, np.ndarray) else src_n
+    b = _flat(src_b) if isinstance(src_b, np.ndarray) else src_b
+    _run(acc, a, b, size, eps, tol)
+    return _finish(acc, size)
+
+
+# Single-metric helpers (thin wrappers, for tests and interactive use).
+
+def cosine(npu, bench) -> float:
+    return compare_arrays(npu, bench).cosine
+
+
+def max_abs_err(npu, bench) -> float:
+    return compare_arrays(npu, bench).max_abs_err
+
+
+def max_rel_err(npu, bench, eps: Optional[float] = None) -> float:
+    return compare_arrays(npu, bench, eps=eps).max_rel_err
+
+
+def err_ratios(npu, bench, eps: Optional[float] = None) -> Tuple[float, float]:
+    """(one-thousandth, five-thousandths) pass fractions."""
+    m = compare_arrays(npu, bench, eps=eps)
+    return m.one_thousandth, m.five_thousandths
+
+
+def rel_l2(npu, bench) -> float:
+    return compare_arrays(npu, bench).rel_l2
+
+
+def _rel(a: float, b: float) -> float:
+    if b == 0:
+        return 0.0 if a == 0 else math.inf
+    return abs(a - b) / abs(b)
+
+
+def summary_diffs(npu_stats, bench_stats) -> Tuple[float, float, float, float]:
+    """Summary compare: (max, min, mean, l2norm) differences NPU − bench; NaN where unknown."""
+    out = []
+    for i in range(4):
+        a = _num(npu_stats, i)
+        b = _num(bench_stats, i)
+        out.append(a - b if a is not None and b is not None else math.nan)
+    return tuple(out)
+
+
+def summary_rel_l2(npu_stats, bench_stats) -> float:
+    """Relative L2-norm difference |‖n‖ − ‖b‖| / ‖b‖ from the statistics; NaN when unknown."""
+    a, b = _num(npu_stats, 3), _num(bench_stats, 3)
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+        return math.nan
+    return _rel(a, b)
+
+
+def _num(stats, i: int) -> Optional[float]:
+    if not stats or len(stats) <= i:
+        return None
+    v = stats[i]
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return None

@@ -1,0 +1,225 @@
+"""Pair the APIs of two dumps in execution order by a sequence alignment. No torch.
+
+Two APIs can pair when they have the same family (``{Type}_{api}``) and direction and compatible
+tensor structure: every tensor slot (``input.0``, ``output.1.0`` ...) present on both sides has the
+same shape and the same dtype class (fp16/bf16/fp32/fp64 are one class, ints another, bool another).
+
+The alignment maximises a score over order-preserving pairings (a weighted LCS), so an extra or
+missing call on one side (a device-specific API, an extra cast) leaves its neighbours' pairing
+intact. Pair score: 3, +1 when the structures are identical, +1 when the call indices are equal
+(default mode only; ``fuzzy=True`` ignores call indices, as ptdbg's ``fuzzy_match``).
+
+To stay fast on long dumps, families with the same number of calls on both sides give anchors
+(k-th call with k-th call, when compatible); the longest order-preserving chain of anchors splits
+the sequences, and only the gaps between anchors are aligned by dynamic programming (numpy, one
+vector operation per row).
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+#: cells above which a gap is matched greedily instead of by dynamic programming
+DP_LIMIT = 4_000_000
+_NEG = -(1 << 40)
+
+_FLOAT = {"float16", "half", "bfloat16", "float32", "float", "float64", "double"}
+
+
+def dtype_class(dtype: str) -> str:
+    """``float`` for fp16/bf16/fp32/fp64, ``int``, ``bool``, ``complex``, else the dtype itself."""
+    d = (dtype or "").replace("torch.", "")
+    if d in _FLOAT:
+        return "float"
+    if d == "bool":
+        return "bool"
+    if d.startswith("complex"):
+        return "complex"
+    if d.startswith(("int", "uint")) or d in ("long", "short"):
+        return "int"
+    return d
+
+
+@dataclass(frozen=True)
+class ApiSig:
+    """What pairing looks at: family, direction, call index and tensor structure."""
+
+    family: str
+    direction: str
+    call_index: int
+    structure: Tuple[Tuple[str, str, Tuple[int, ...]], ...]  # sorted (slot, dtype class, shape)
+
+
+def signature(api) -> ApiSig:
+    """:class:`ApiSig` of a :class:`~pytest_ptdbg.dump.reader.ApiRec`."""
+    st = tuple(sorted((t.slot, dtype_class(t.dtype), tuple(t.shape)) for t in api.tensors))
+    return ApiSig(api.family, api.direction, api.call_index, st)
+
+
+def compatible(a: ApiSig, b: ApiSig) -> bool:
+    """Same family and direction, and the slots present on both sides agree in class and shape."""
+    if a.family != b.family or a.direction != b.direction:
+        return False
+    if a.structure == b.structure:
+        return True
+    da = {s: (c, sh) for s, c, sh in a.structure}
+    db = {s: (c, sh) for s, c, sh in b.structure}
+    common = da.keys() & db.keys()
+    if not common and (da or db):
+        return False
+    return all(da[s] == db[s] for s in common)
+
+
+class _Scorer:
+    def __init__(self, npu: Sequence[ApiSig], bench: Sequence[ApiSig], fuzzy: bool):
+        self.npu, self.bench, self.fuzzy = npu, bench, fuzzy
+        fam: Dict[Tuple[str, str], int] = {}
+        sid: Dict[tuple, int] = {}
+        self.fam_n = np.array([fam.setdefault((s.family, s.direction), len(fam)) for s in npu], dtype=np.int64)
+        self.fam_b = np.array([fam.setdefault((s.family, s.direction), len(fam)) for s in bench], dtype=np.int64)
+        self.st_n = np.array([sid.setdefault(s.structure, len(sid)) for s in npu], dtype=np.int64)
+        self.st_b = np.array([sid.setdefault(s.structure, len(sid)) for s in bench], dtype=np.int64)
+        self.ci_n = np.array([s.call_index for s in npu], dtype=np.int64)
+        self.ci_b = np.array([s.call_index for s in bench], dtype=np.int64)
+        self._compat: Dict[Tuple[int, int], bool] = {}
+
+    def score(self, i: int, j: int) -> int:
+        a, b = self.npu[i], self.bench[j]
+        if self.fam_n[i] != self.fam_b[j]:
+            return _NEG
+        same = self.st_n[i] == self.st_b[j]
+        if not same and not self._ok(i, j):
+            return _NEG
+        return 3 + int(same) + int(not self.fuzzy and a.call_index == b.call_index)
+
+    def _ok(self, i: int, j: int) -> bool:
+        key = (int(self.st_n[i]), int(self.st_b[j]))
+        v = self._compat.get(key)
+        if v is None:
+            v = self._compat[key] = compatible(self.npu[i], self.bench[j])
+        return v
+
+    def row(self, i: int, j0: int, j1: int) -> np.ndarray:
+        fam = self.fam_b[j0:j1] == self.fam_n[i]
+        same = self.st_b[j0:j1] == self.st_n[i]
+        s = np.where(fam, 3 + same.astype(np.int64), _NEG)
+        if not self.fuzzy:
+            s = s + (self.ci_b[j0:j1] == self.ci_n[i])
+        for k in np.nonzero(fam & ~same)[0]:
+            if not self._ok(i, j0 + int(k)):
+                s[k] = _NEG
+        return s
+
+
+def _lis(pairs: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """Longest chain of pairs increasing in both coordinates (pairs sorted by the first)."""
+    tails: List[int] = []
+    tail_idx: List[int] = []
+    prev = [-1] * len(pairs)
+    for k, (_, j) in enumerate(pairs):
+        pos = bisect.bisect_left(tails, j)
+        if pos == len(tails):
+            tails.append(j)
+            tail_idx.append(k)
+        else:
+            tails[pos] = j
+            tail_idx[pos] = k
+        prev[k] = tail_idx[pos - 1] if pos else -1
+    out = []
+    k = tail_idx[-1] if tail_idx else -1
+    while k >= 0:
+        out.append(pairs[k])
+        k = prev[k]
+    return out[::-1]
+
+
+def _anchors(sc: _Scorer) -> List[Tuple[int, int]]:
+    pos_n: Dict[int, List[int]] = {}
+    pos_b: Dict[int, List[int]] = {}
+    for i, f in enumerate(sc.fam_n.tolist()):
+        pos_n.setdefault(f, []).append(i)
+    for j, f in enumerate(sc.fam_b.tolist()):
+        pos_b.setdefault(f, []).append(j)
+    cand = []
+    for f, ii in pos_n.items():
+        jj = pos_b.get(f)
+        if jj is None or len(jj) != len(ii):
+            continue
+        for i, j in zip(ii, jj):
+            if sc.score(i, j) > 0:
+                cand.append((i, j))
+    cand.sort()
+    return _lis(cand)
+
+
+def _dp(sc: _Scorer, i0: int, i1: int, j0: int, j1: int) -> List[Tuple[int, int]]:
+    n, m = i1 - i0, j1 - j0
+    if n == 0 or m == 0:
+        return []
+    if n * m > DP_LIMIT:
+        return _greedy(sc, i0, i1, j0, j1)
+    D = np.zeros((n + 1, m + 1), dtype=np.int64)
+    for i in range(1, n + 1):
+        s = sc.row(i0 + i - 1, j0, j1)
+        t = np.maximum(D[i - 1, 1:], D[i - 1, :-1] + s)
+        np.maximum.accumulate(t, out=D[i, 1:])
+    out = []
+    i, j = n, m
+    while i > 0 and j > 0:
+        v = D[i, j]
+        if v == D[i - 1, j]:
+            i -= 1
+        elif v == D[i, j - 1]:
+            j -= 1
+        else:
+            out.append((i0 + i - 1, j0 + j - 1))
+            i -= 1
+            j -= 1
+    return out[::-1]
+
+
+def _greedy(sc: _Scorer, i0: int, i1: int, j0: int, j1: int, window: int = 64) -> List[Tuple[int, int]]:
+    out, j = [], j0
+    for i in range(i0, i1):
+        for k in range(j, min(j1, j + window)):
+            if sc.score(i, k) > 0:
+                out.append((i, k))
+                j = k + 1
+                break
+    return out
+
+
+def align(npu: Sequence[ApiSig], bench: Sequence[ApiSig], fuzzy: bool = False
+          ) -> List[Tuple[Optional[int], Optional[int]]]:
+    """Align two API sequences. Returns ``(i, j)`` steps in order; ``None`` marks an unpaired side.
+
+    NPU-only and bench-only steps sit where the alignment puts them (between their paired neighbours).
+    """
+    sc = _Scorer(npu, bench, fuzzy)
+    anchors = _anchors(sc)
+    pairs: List[Tuple[int, int]] = []
+    pi, pj = 0, 0
+    for (ai, aj) in anchors + [(len(npu), len(bench))]:
+        pairs.extend(_dp(sc, pi, ai, pj, aj))
+        if ai < len(npu):
+            pairs.append((ai, aj))
+        pi, pj = ai + 1, aj + 1
+    steps: List[Tuple[Optional[int], Optional[int]]] = []
+    pi, pj = 0, 0
+    for (i, j) in pairs + [(len(npu), len(bench))]:
+        steps.extend((k, None) for k in range(pi, i))
+        steps.extend((None, k) for k in range(pj, j))
+        if i < len(npu) or j < len(bench):
+            steps.append((i, j))
+        pi, pj = i + 1, j + 1
+    return steps
+
+
+def pair_apis(npu_apis: Sequence, bench_apis: Sequence, fuzzy: bool = False) -> List[Tuple[Optional[object], Optional[object]]]:
+    """Align two lists of :class:`ApiRec`; returns ``(npu_api | None, bench_api | None)`` in order."""
+    steps = align([signature(a) for a in npu_apis], [signature(b) for b in bench_apis], fuzzy)
+    return [(npu_apis[i] if i is not None else None, bench_apis[j] if j is not None else None)
+            for i, j in steps]

@@ -1,0 +1,255 @@
+"""Build the compare table (a pandas DataFrame) from two parsed dumps. No torch (except msprobe ``.pt``).
+
+One row per tensor pair in NPU execution order, unpaired rows where the alignment puts them.
+Columns: ptdbg's CSV columns (:data:`FULL_COLUMNS` or, for a summary compare, :data:`SUMMARY_COLUMNS`),
+then the internal underscore columns of docs/DESIGN.md (the CSV writer builds ``NPU_Stack_Info``
+from ``_stack`` when ``stack_mode``).
+Metric cells are floats (NaN when not computed; ``Err_message`` says why), shapes are lists.
+``table.attrs``: ``summary_compare``, ``stack_mode``, ``rule``.
+
+Tensor pairs are compared by a small thread pool (numpy releases the GIL); each pair is streamed
+from disk chunk by chunk, so memory does not grow with the dump.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+from pytest_ptdbg.compare import metrics as M
+from pytest_ptdbg.compare import verdict as V
+from pytest_ptdbg.compare.pairing import pair_apis
+from pytest_ptdbg.dump import npy
+from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
+
+HEAD = ["NPU Name", "Bench Name", "NPU Tensor Dtype", "Bench Tensor Dtype",
+        "NPU Tensor Shape", "Bench Tensor Shape"]
+METRICS = ["Cosine", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio", "Five Thousandths Err Ratio"]
+DIFFS = ["Max diff", "Min diff", "Mean diff", "L2norm diff"]
+STATS = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean", "Bench l2norm"]
+TAIL = ["Accuracy Reached or Not", "Err_message"]
+FULL_COLUMNS = HEAD + METRICS + STATS + TAIL
+SUMMARY_COLUMNS = HEAD + DIFFS + STATS + TAIL
+STACK_COLUMN = "NPU_Stack_Info"
+INTERNAL = ["_api", "_bench_api", "_family", "_direction", "_io", "_index", "_order", "_ctx", "_stack",
+            "_paired", "_rel_l2", "_nan_mismatch", "_npu_nonfinite", "_bench_nonfinite", "_passed"]
+
+#: worker threads comparing tensor pairs
+WORKERS = 2
+
+
+def format_stack(frames) -> str:
+    """ptdbg-style text of a stack: ``File f, line n, in func, \\n code`` per frame."""
+    if not frames:
+        return ""
+    out = []
+    for fr in frames:
+        fr = list(fr) + ["", "", "", ""]
+        out.append(f"File {fr[0]}, line {fr[1]}, in {fr[2]}, \n {fr[3]}")
+    return "\n".join(out)
+
+
+def _stat(stats, i: int) -> float:
+    v = M._num(stats, i)
+    return math.nan if v is None else v
+
+
+def _nonfinite_from_stats(t: TensorRec) -> int:
+    if "nan" in t.extra or "inf" in t.extra:
+        return t.nonfinite
+    vals = [M._num(t.stats, i) for i in range(4)]
+    return int(any(v is not None and not math.isfinite(v) for v in vals))
+
+
+def _source(t: TensorRec):
+    path = t.data_file
+    if path.endswith(".pt"):
+        return npy.load_pt(path, t.name, t.shape, t.dtype)
+    return npy.NpyStream(path, t.name, t.shape, t.dtype)
+
+
+def _compare_job(nt: TensorRec, bt: TensorRec, tol) -> Tuple[Optional[M.PairMetrics], str]:
+    if tuple(nt.shape) != tuple(bt.shape):
+        return M.shape_mismatch(nt.shape, bt.shape), ""
+    a = b = None
+    try:
+        a = _source(nt)
+        b = _source(bt)
+        return M.compare_streams(a, b, M.dtype_eps(bt.dtype), tol), ""
+    except (ValueError, OSError) as e:
+        return None, str(e)
+    finally:
+        for s in (a, b):
+            if isinstance(s, npy.NpyStream):
+                s.close()
+
+
+def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec]):
+    nts = na.tensors if na else []
+    bts = ba.tensors if ba else []
+    by_slot = {t.slot: t for t in bts}
+    used = set()
+    out = []
+    for t in nts:
+        b = by_slot.get(t.slot)
+        if b is not None:
+            used.add(t.slot)
+        out.append((t, b))
+    out.extend((None, b) for b in bts if b.slot not in used)
+    return out
+
+
+def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack_mode: bool = False,
+                fuzzy_match: bool = False, rule: str = "ptdbg", thresholds: Optional[V.Thresholds] = None,
+                problems: Optional[List[str]] = None, progress: Optional[Callable[[str], None]] = None,
+                workers: int = WORKERS) -> pd.DataFrame:
+    """The compare table of two dumps (see the module docstring).
+
+    ``summary=None`` chooses a summary compare when either dump has no saved tensors.
+    Problems met on the way (missing/mismatched data files) are appended to ``problems``.
+    """
+    th = thresholds or V.Thresholds()
+    V._check_rule(rule)
+    if summary is None:
+        summary = not (npu.has_data and bench.has_data)
+    problems = problems if problems is not None else []
+    steps = pair_apis(npu.apis, bench.apis, fuzzy=fuzzy_match)
+    rows = []
+    jobs = []
+    for na, ba in steps:
+        stack = na.stack if na is not None else (ba.stack if ba is not None else None)
+        api = na if na is not None else ba
+        for nt, bt in _pair_tensors(na, ba):
+            t = nt or bt
+            r = {
+                "NPU Name": nt.name if nt else "",
+                "Bench Name": bt.name if bt else "",
+                "NPU Tensor Dtype": nt.dtype if nt else "",
+                "Bench Tensor Dtype": bt.dtype if bt else "",
+                "NPU Tensor Shape": list(nt.shape) if nt else [],
+                "Bench Tensor Shape": list(bt.shape) if bt else [],
+            }
+            for k, name in enumerate(("max", "min", "mean", "l2norm")):
+                r[f"NPU {name}"] = _stat(nt.stats, k) if nt else math.nan
+                r[f"Bench {name}"] = _stat(bt.stats, k) if bt else math.nan
+            for c in (DIFFS if summary else METRICS):
+                r[c] = math.nan
+            r["Accuracy Reached or Not"] = ""
+            r["Err_message"] = ""
+            r.update({
+                "_api": api.key, "_bench_api": ba.key if ba else "", "_family": api.family,
+                "_direction": api.direction, "_io": t.io, "_index": t.index_str, "_order": api.order,
+                "_ctx": (na.ctx if na else "") or (ba.ctx if ba else ""), "_stack": stack,
+                "_paired": bool(nt and bt), "_rel_l2": math.nan, "_nan_mismatch": False,
+                "_npu_nonfinite": _nonfinite_from_stats(nt) if nt else 0,
+                "_bench_nonfinite": _nonfinite_from_stats(bt) if bt else 0, "_passed": True,
+            })
+            if nt is None or bt is None:
+                if na is None:
+                    r["Err_message"] = f"bench API {ba.key} has no matching NPU API (unpaired)"
+                elif ba is None:
+                    r["Err_message"] = f"NPU API {na.key} has no matching bench API (unpaired)"
+                else:
+                    side = "bench" if bt is None else "NPU"
+                    r["Err_message"] = f"no {side} tensor {t.slot} for this API"
+            elif summary:
+                _summary_row(r, nt, bt, rule, th)
+            elif nt.data_file and bt.data_file:
+                tol = None
+                if rule == "dtype":
+                    rtol, atol = V.tolerance(nt.dtype, bt.dtype, th)
+                    tol = (atol, rtol)
+                jobs.append((len(rows), nt, bt, tol))
+            elif _is_scalar(nt) and _is_scalar(bt):
+                _scalar_row(r, nt, bt, rule, th)
+            else:
+                why = nt.data_problem or bt.data_problem or "no data file saved for this tensor"
+                r["Err_message"] = f"no data to compare (Nan): {why}"
+                if nt.data_problem or bt.data_problem:
+                    problems.append(why)
+            rows.append(r)
+    if jobs:
+        _run_jobs(rows, jobs, rule, th, problems, progress, workers)
+    cols = (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL
+    df = pd.DataFrame(rows, columns=cols) if rows else pd.DataFrame({c: [] for c in cols})
+    df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule})
+    return df
+
+
+def _is_scalar(t: TensorRec) -> bool:
+    return tuple(t.shape) == () and M._num(t.stats, 0) is not None
+
+
+def _scalar_row(r: dict, nt: TensorRec, bt: TensorRec, rule: str, th: V.Thresholds) -> None:
+    """A 0-d value without data file (a Python scalar argument): compared from its statistics."""
+    a, b = M._num(nt.stats, 0), M._num(bt.stats, 0)
+    tol = None
+    if rule == "dtype":
+        rtol, atol = V.tolerance(nt.dtype, bt.dtype, th)
+        tol = (atol, rtol)
+    m = M.compare_arrays(np.array(a), np.array(b), eps=M.dtype_eps(bt.dtype), tol=tol)
+    _fill_metrics(r, m, nt, bt, rule, th)
+
+
+def _fill_metrics(r: dict, m: M.PairMetrics, nt: TensorRec, bt: TensorRec, rule: str, th: V.Thresholds) -> None:
+    r["Cosine"] = m.cosine
+    r["MaxAbsErr"] = m.max_abs_err
+    r["MaxRelativeErr"] = m.max_rel_err
+    r["One Thousandth Err Ratio"] = m.one_thousandth
+    r["Five Thousandths Err Ratio"] = m.five_thousandths
+    r["_rel_l2"] = m.rel_l2
+    r["_nan_mismatch"] = m.nan_mismatch
+    r["_npu_nonfinite"] = m.npu_nonfinite
+    r["_bench_nonfinite"] = m.bench_nonfinite
+    v = V.full_verdict(m, nt.dtype, bt.dtype, rule, th)
+    r["Accuracy Reached or Not"] = v
+    r["_passed"] = v != "No"
+    r["Err_message"] = m.message
+
+
+def _summary_row(r: dict, nt: TensorRec, bt: TensorRec, rule: str, th: V.Thresholds) -> None:
+    diffs = M.summary_diffs(nt.stats, bt.stats)
+    for c, v in zip(DIFFS, diffs):
+        r[c] = v
+    msgs = []
+    if tuple(nt.shape) != tuple(bt.shape):
+        r["Accuracy Reached or Not"] = "No"
+        r["_passed"] = False
+        r["Err_message"] = f"shape mismatch (Unmatched): NPU {list(nt.shape)} vs bench {list(bt.shape)}"
+        return
+    verdict, mism = V.summary_verdict(nt.stats, bt.stats, r["_npu_nonfinite"], r["_bench_nonfinite"],
+                                      nt.shape, nt.dtype, bt.dtype, rule, th)
+    r["_rel_l2"] = M.summary_rel_l2(nt.stats, bt.stats)
+    r["_nan_mismatch"] = mism
+    if mism:
+        msgs.append("NaN/Inf counts or statistics do not match")
+    if not nt.stats or not bt.stats:
+        msgs.append("no statistics recorded (empty or bool tensor)")
+    r["Accuracy Reached or Not"] = verdict
+    r["_passed"] = verdict != "No"
+    r["Err_message"] = "; ".join(msgs)
+
+
+def _run_jobs(rows, jobs, rule, th, problems, progress, workers) -> None:
+    def work(job):
+        _, nt, bt, tol = job
+        return _compare_job(nt, bt, tol)
+
+    total = len(jobs)
+    step = max(1, total // 10)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
+        for k, (job, (m, err)) in enumerate(zip(jobs, ex.map(work, jobs)), 1):
+            idx, nt, bt, _ = job
+            r = rows[idx]
+            if progress and (k % step == 0 or k == total):
+                progress(f"compared {k}/{total} tensor pairs")
+            if m is None:
+                r["Err_message"] = f"no data to compare (Nan): {err}"
+                problems.append(err)
+                continue
+            _fill_metrics(r, m, nt, bt, rule, th)

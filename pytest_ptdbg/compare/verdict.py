@@ -1,0 +1,142 @@
+"""``Accuracy Reached or Not``: the verdict rules and their thresholds. No torch.
+
+Two rules, chosen by name (``rule="ptdbg"`` default, or ``rule="dtype"``):
+
+**ptdbg** (reference behaviour). Full compare: ``No`` if
+``(cosine < 0.99 and MaxAbsErr > 0.001) or cosine < 0.9 or MaxAbsErr > 1``, else ``Yes``
+(an undefined cosine takes no part). Summary compare: ``No`` if the relative difference
+|n − b| / |b| of any of max, min, mean, l2norm exceeds ``summary_rel`` (0.5, msprobe's warning level).
+
+**dtype** (for a bf16/fp16 device against an fp32 bench). The ``torch.testing.assert_close`` test
+with the tolerances of the lower-precision dtype of the pair (fp64 rtol 1e-7 atol 1e-7, fp32 rtol
+1.3e-6 atol 1e-5, fp16 rtol 1e-3 atol 1e-5, bf16 rtol 1.6e-2 atol 1e-5, int/bool exact). Full
+compare: ``Yes`` iff the fraction of elements with |n − b| > atol + rtol·|b| is at most
+``max_fail_fraction`` (0: every element, as assert_close). Summary compare, with A = max(|b max|,
+|b min|) and N elements: ``Yes`` iff |Δmax|, |Δmin|, |Δmean| ≤ atol + rtol·A and
+|Δl2norm| ≤ atol·√N + rtol·‖b‖ (conditions the elementwise test implies).
+
+Both rules: NaN/Inf positions (counts, in summary compare) that differ, or a shape mismatch, give
+``No``; a pair with nothing to compare (empty, all NaN at the same places, missing data) gives ``""``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence, Tuple
+
+from pytest_ptdbg.compare.metrics import PairMetrics, _num
+
+RULES = ("ptdbg", "dtype")
+
+_DEFAULT_TOL = {
+    "float64": (1e-7, 1e-7),
+    "float32": (1.3e-6, 1e-5),
+    "float16": (1e-3, 1e-5),
+    "bfloat16": (1.6e-2, 1e-5),
+}
+_ALIASES = {"double": "float64", "float": "float32", "half": "float16"}
+
+
+@dataclass
+class Thresholds:
+    """Parameters of both rules (defaults: ptdbg's and assert_close's)."""
+
+    cosine: float = 0.99
+    max_abs: float = 0.001
+    cosine_hard: float = 0.9
+    max_abs_hard: float = 1.0
+    summary_rel: float = 0.5
+    #: dtype -> (rtol, atol) for the dtype rule
+    tolerances: Dict[str, Tuple[float, float]] = field(default_factory=lambda: dict(_DEFAULT_TOL))
+    max_fail_fraction: float = 0.0
+
+
+def _short(dtype: Optional[str]) -> str:
+    d = (dtype or "").replace("torch.", "")
+    return _ALIASES.get(d, d)
+
+
+def tolerance(npu_dtype: Optional[str], bench_dtype: Optional[str],
+              th: Optional[Thresholds] = None) -> Tuple[float, float]:
+    """``(rtol, atol)`` of the lower-precision dtype of the pair ((0, 0) for int/bool pairs)."""
+    th = th or Thresholds()
+    cands = [th.tolerances[d] for d in (_short(npu_dtype), _short(bench_dtype)) if d in th.tolerances]
+    if not cands:
+        return (0.0, 0.0)
+    return max(cands)
+
+
+def _check_rule(rule: str) -> None:
+    if rule not in RULES:
+        raise ValueError(f"unknown verdict rule {rule!r}; choose one of {RULES}")
+
+
+def full_verdict(m: PairMetrics, npu_dtype: Optional[str] = None, bench_dtype: Optional[str] = None,
+                 rule: str = "ptdbg", th: Optional[Thresholds] = None) -> str:
+    """``"Yes"``, ``"No"`` or ``""`` for a pair compared element by element.
+
+    The dtype rule needs ``m.tol_fail`` computed with :func:`tolerance`'s ``(atol, rtol)``.
+    """
+    _check_rule(rule)
+    th = th or Thresholds()
+    if m.shape_mismatch or m.nan_mismatch:
+        return "No"
+    if m.compared == 0:
+        return ""
+    if rule == "dtype":
+        if m.tol_fail is None:
+            raise ValueError("dtype rule: metrics were computed without a tolerance (tol_fail is None)")
+        return "Yes" if m.tol_fail <= th.max_fail_fraction * m.compared else "No"
+    cos, mae = m.cosine, m.max_abs_err
+    has_cos = not math.isnan(cos)
+    bad = (has_cos and cos < th.cosine and mae > th.max_abs) or (has_cos and cos < th.cosine_hard) \
+        or mae > th.max_abs_hard or math.isnan(mae)
+    return "No" if bad else "Yes"
+
+
+def _stat_mismatch(a: Optional[float], b: Optional[float]) -> bool:
+    if a is None or b is None:
+        return False
+    fa, fb = math.isfinite(a), math.isfinite(b)
+    if fa and fb:
+        return False
+    if fa != fb:
+        return True
+    return not (a == b or (math.isnan(a) and math.isnan(b)))
+
+
+def summary_verdict(npu_stats: Sequence, bench_stats: Sequence, npu_nonfinite: int = 0,
+                    bench_nonfinite: int = 0, shape: Sequence[int] = (), npu_dtype: Optional[str] = None,
+                    bench_dtype: Optional[str] = None, rule: str = "ptdbg",
+                    th: Optional[Thresholds] = None) -> Tuple[str, bool]:
+    """Verdict from statistics only; returns ``(verdict, nan_mismatch)``."""
+    _check_rule(rule)
+    th = th or Thresholds()
+    n = [_num(npu_stats, i) for i in range(4)]
+    b = [_num(bench_stats, i) for i in range(4)]
+    mismatch = npu_nonfinite != bench_nonfinite or any(_stat_mismatch(x, y) for x, y in zip(n, b))
+    if mismatch:
+        return "No", True
+    pairs = [(x, y) for x, y in zip(n, b) if x is not None and y is not None
+             and math.isfinite(x) and math.isfinite(y)]
+    if not pairs:
+        return "", False
+    if rule == "ptdbg":
+        for x, y in pairs:
+            rel = abs(x - y) / abs(y) if y != 0 else (0.0 if x == 0 else math.inf)
+            if rel > th.summary_rel:
+                return "No", False
+        return "Yes", False
+    rtol, atol = tolerance(npu_dtype, bench_dtype, th)
+    scale = max((abs(v) for v in (b[0], b[1]) if v is not None and math.isfinite(v)), default=0.0)
+    size = 1
+    for s in shape:
+        size *= int(s)
+    for k in range(4):
+        x, y = n[k], b[k]
+        if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)):
+            continue
+        bound = atol * math.sqrt(max(size, 1)) + rtol * abs(y) if k == 3 else atol + rtol * scale
+        if abs(x - y) > bound * (1 + 1e-12):
+            return "No", False
+    return "Yes", False

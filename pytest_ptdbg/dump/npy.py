@@ -1,0 +1,163 @@
+"""Safe reading of saved tensors (``.npy``; msprobe's ``.pt`` lazily) for the compare path.
+
+No pickle is ever executed: ``.npy`` files are read with ``allow_pickle=False`` (object arrays are
+refused) and ``.pt`` files with ``torch.load(weights_only=True)``; torch is imported only for ``.pt``.
+Paths are built with :func:`records.safe_data_path`, so a record name cannot leave the data directory.
+
+:class:`NpyStream` reads an ``.npy`` file chunk by chunk into a caller's buffer, so that comparing two
+tensors never needs them whole in memory (the metric kernels consume chunks).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+from pytest_ptdbg.dump import records
+
+#: dtype kinds a record dtype may be stored as (bf16 is saved as float32; the record is authoritative)
+_KINDS = {"f": "fc", "c": "c", "i": "iu", "u": "iu", "b": "b"}
+
+
+def record_dtype_kind(dtype: str) -> str:
+    """numpy kind letter for a record dtype such as ``"torch.bfloat16"`` (``"f"``, ``"i"``, ``"u"``, ``"b"``, ``"c"``)."""
+    d = (dtype or "").replace("torch.", "")
+    if d in ("bool",):
+        return "b"
+    if d.startswith("complex"):
+        return "c"
+    if d.startswith("uint"):
+        return "u"
+    if d.startswith("int") or d == "long" or d == "short":
+        return "i"
+    return "f"
+
+
+def data_path(data_dir: str, key_or_file: str) -> str:
+    """Path of a tensor's data file inside ``data_dir`` (``key`` or ``key.npy``); never outside it."""
+    key = key_or_file[:-4] if key_or_file.endswith(".npy") else key_or_file
+    return records.safe_data_path(data_dir, key)
+
+
+def _check(path: str, name: str, shape: Sequence[int], kind: str, rec_shape, rec_dtype) -> None:
+    if rec_shape is not None and tuple(int(s) for s in rec_shape) != tuple(shape):
+        raise ValueError(
+            f"{path}: shape {list(shape)} does not match record {name!r} shape {list(rec_shape)}"
+        )
+    if rec_dtype:
+        want = record_dtype_kind(rec_dtype)
+        if kind not in _KINDS.get(want, want):
+            raise ValueError(f"{path}: dtype kind {kind!r} does not match record {name!r} dtype {rec_dtype}")
+
+
+class NpyStream:
+    """Sequential reader of a C-ordered ``.npy`` file; checks the header against the record.
+
+    ``read_into(buf)`` fills ``buf`` (same dtype as the file) with the next elements and returns
+    how many were read. Fortran-ordered files are loaded whole and served from memory.
+    """
+
+    def __init__(self, path: str, name: str = "", rec_shape=None, rec_dtype: Optional[str] = None):
+        self.path = path
+        self._arr = None
+        f = open(path, "rb")
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:  # pragma: no cover - numpy only writes the three versions
+                raise ValueError(f"{path}: unsupported .npy version {version}")
+        except ValueError as e:
+            f.close()
+            raise ValueError(f"{path}: not a valid .npy file for record {name!r} ({e})") from None
+        except Exception:
+            f.close()
+            raise
+        if dtype.hasobject:
+            f.close()
+            raise ValueError(f"{path}: object arrays are refused (record {name!r}); data files are never unpickled")
+        self.dtype = dtype
+        self.shape = tuple(shape)
+        self.size = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        try:
+            _check(path, name, self.shape, dtype.kind, rec_shape, rec_dtype)
+        except ValueError:
+            f.close()
+            raise
+        self._f = f
+        self._pos = 0
+        if fortran and len(self.shape) > 1:
+            f.close()
+            self._f = None
+            self._arr = np.ascontiguousarray(np.load(path, allow_pickle=False)).reshape(-1)
+        else:
+            start = f.tell()
+            end = os.fstat(f.fileno()).st_size
+            if end - start < self.size * dtype.itemsize:
+                f.close()
+                raise ValueError(
+                    f"{path}: truncated .npy for record {name!r} "
+                    f"({end - start} bytes of data, {self.size * dtype.itemsize} expected)"
+                )
+
+    def read_into(self, buf: np.ndarray) -> int:
+        """Fill ``buf`` (1-D, dtype == self.dtype) with the next elements; returns the count."""
+        k = min(len(buf), self.size - self._pos)
+        if k <= 0:
+            return 0
+        if self._arr is not None:
+            buf[:k] = self._arr[self._pos:self._pos + k]
+        else:
+            mv = memoryview(buf[:k]).cast("B")
+            got = self._f.readinto(mv)
+            if got != k * self.dtype.itemsize:
+                raise ValueError(f"{self.path}: truncated .npy data")
+        self._pos += k
+        return k
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def __enter__(self) -> "NpyStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load_npy(path: str, name: str = "", rec_shape=None, rec_dtype: Optional[str] = None,
+             mmap: bool = False) -> np.ndarray:
+    """Load a whole ``.npy`` safely (no pickle), optionally memory-mapped, checked against the record."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: data file of record {name!r} not found")
+    try:
+        arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
+    except ValueError as e:
+        raise ValueError(f"{path}: cannot read data of record {name!r} ({e})") from None
+    _check(path, name, arr.shape, arr.dtype.kind, rec_shape, rec_dtype)
+    return arr
+
+
+def load_pt(path: str, name: str = "", rec_shape=None, rec_dtype: Optional[str] = None) -> np.ndarray:
+    """Load an msprobe ``.pt`` tensor (``torch.load(weights_only=True)``, torch imported here only)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: data file of record {name!r} not found")
+    import torch  # deferred: only msprobe tensor dumps need it
+
+    try:
+        t = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - report any unreadable file by name
+        raise ValueError(f"{path}: cannot read data of record {name!r} ({type(e).__name__}: {e})") from None
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{path}: record {name!r} holds {type(t).__name__}, not a tensor")
+    t = t.detach().cpu()
+    if t.dtype in (torch.bfloat16, torch.float16):
+        t = t.float()
+    arr = t.numpy()
+    _check(path, name, arr.shape, arr.dtype.kind, rec_shape, rec_dtype)
+    return arr

@@ -1,0 +1,411 @@
+"""Read a dump (ptdbg v4 ``.pkl`` + ``.npy``, or msprobe ``dump.json``) into API records. No torch.
+
+- :func:`locate` finds the record file and data directory from a dump_path, step, rank folder or file.
+- :func:`read_dump` parses it into a :class:`Dump`: APIs grouped by API key in order of first
+  appearance, each with its tensor records (file order) and stack. A corrupt or truncated line is
+  reported in ``Dump.problems`` as ``file:line: why`` and the rest is kept.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from pytest_ptdbg.dump import records
+
+MSPROBE_JSON = "dump.json"
+MSPROBE_STACK = "stack.json"
+MSPROBE_DATA = "dump_tensor_data"
+
+
+@dataclass
+class TensorRec:
+    """One tensor record."""
+
+    name: str
+    api: str
+    io: str
+    index: Tuple[int, ...]
+    direction: str
+    dtype: str
+    shape: Tuple[int, ...]
+    stats: list
+    extra: dict
+    line: int
+    data_file: Optional[str] = None   # safe path of the saved tensor, when there is one
+    data_problem: str = ""            # why there is none although the dump has a data dir
+
+    @property
+    def index_str(self) -> str:
+        return ".".join(str(i) for i in self.index)
+
+    @property
+    def slot(self) -> str:
+        """``input.0`` / ``output.1.0``: the tensor's place within its API."""
+        return f"{self.io}.{self.index_str}"
+
+    @property
+    def nonfinite(self) -> int:
+        return int(self.extra.get("nan", 0) or 0) + int(self.extra.get("inf", 0) or 0)
+
+
+@dataclass
+class ApiRec:
+    """All records of one API call (one direction)."""
+
+    key: str
+    api_type: str
+    api_name: str
+    call_index: int
+    direction: str
+    order: int
+    tensors: List[TensorRec] = field(default_factory=list)
+    stack: Optional[list] = None
+    ctx: str = ""
+
+    @property
+    def family(self) -> str:
+        return f"{self.api_type}_{self.api_name}"
+
+
+@dataclass
+class Dump:
+    """A parsed dump of one rank."""
+
+    source: str
+    data_dir: Optional[str]
+    layout: str                     # "ptdbg" | "msprobe"
+    mode: str                       # "api_stack", "all", "list", ... ("" unknown)
+    apis: List[ApiRec]
+    problems: List[str]
+    has_data: bool = False          # some tensor has a data file
+
+    @property
+    def n_tensors(self) -> int:
+        return sum(len(a.tensors) for a in self.apis)
+
+
+@dataclass
+class Located:
+    path: str
+    data_dir: Optional[str]
+    layout: str
+
+
+# ---------------------------------------------------------------------------------------- locate
+
+def _rank_sort_key(name: str) -> Tuple[int, str]:
+    m = re.match(r"^(?:rank|step|proc)(\d+)$", name)
+    return (int(m.group(1)), name) if m else (1 << 62, name)
+
+
+def locate(path: str) -> Located:
+    """Find the record file and data dir of one rank from a file, rank, step or dump_path folder.
+
+    Raises FileNotFoundError when nothing is found, ValueError when the folder holds several
+    ranks/steps/modes (naming them).
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    if os.path.isfile(path):
+        base = os.path.basename(path)
+        if base.endswith(".json"):
+            d = os.path.join(os.path.dirname(path), MSPROBE_DATA)
+            return Located(path, d if os.path.isdir(d) else None, "msprobe")
+        d = path[:-4] if path.endswith(".pkl") else path + "_data"
+        return Located(path, d if os.path.isdir(d) else None, "ptdbg")
+    entries = sorted(os.listdir(path))
+    pkls = [e for e in entries if e.endswith("_dump.pkl") and os.path.isfile(os.path.join(path, e))]
+    if pkls:
+        if len(pkls) > 1:
+            preferred = [p for p in pkls if p == records.pkl_name("api_stack")]
+            if not preferred:
+                raise ValueError(f"{path}: several dumps ({', '.join(pkls)}); pass the .pkl file")
+            pkls = preferred
+        return locate(os.path.join(path, pkls[0]))
+    if MSPROBE_JSON in entries:
+        return locate(os.path.join(path, MSPROBE_JSON))
+    if records.DUMP_DIR_NAME in entries:
+        return locate(os.path.join(path, records.DUMP_DIR_NAME))
+    for prefix, what in (("rank", "ranks"), ("proc", "process folders"), ("step", "steps")):
+        subs = sorted((e for e in entries if re.match(rf"^{prefix}\d+$", e)
+                       and os.path.isdir(os.path.join(path, e))), key=_rank_sort_key)
+        if len(subs) == 1:
+            return locate(os.path.join(path, subs[0]))
+        if len(subs) > 1:
+            hint = " (use compare_distributed)" if prefix == "rank" else ""
+            raise ValueError(f"{path}: holds {len(subs)} {what} ({', '.join(subs)}); pass one of them{hint}")
+    raise FileNotFoundError(f"{path}: no ptdbg '*_dump.pkl' or msprobe 'dump.json' found in this folder")
+
+
+def rank_dirs(step_dir: str) -> List[Tuple[int, str]]:
+    """``[(rank, path), ...]`` of a step folder in numeric order; ValueError if it holds anything else."""
+    if not os.path.isdir(step_dir):
+        raise FileNotFoundError(f"{step_dir}: step folder not found")
+    out, other = [], []
+    for e in os.listdir(step_dir):
+        m = re.match(r"^rank(\d+)$", e)
+        if m and os.path.isdir(os.path.join(step_dir, e)):
+            out.append((int(m.group(1)), os.path.join(step_dir, e)))
+        else:
+            other.append(e)
+    if other:
+        raise ValueError(f"{step_dir}: must hold only rank<N> folders, also found {sorted(other)}")
+    if not out:
+        raise ValueError(f"{step_dir}: holds no rank<N> folder")
+    return sorted(out)
+
+
+# ---------------------------------------------------------------------------------------- reading
+
+def read_dump(path: str, data_dir: Optional[str] = None) -> Dump:
+    """Read a dump from a file or folder (see :func:`locate`); ``data_dir`` overrides the found one.
+
+    ``data_dir=""`` means statistics only (no tensors are looked up).
+    """
+    loc = locate(path)
+    dd = loc.data_dir if data_dir is None else (data_dir or None)
+    if loc.layout == "msprobe":
+        return _read_msprobe(loc.path, dd)
+    return _read_ptdbg(loc.path, dd)
+
+
+class _Builder:
+    def __init__(self, source: str, data_dir: Optional[str], problems: List[str]):
+        self.source = source
+        self.apis: Dict[str, ApiRec] = {}
+        self.problems = problems
+        self.data_dir = data_dir
+        self.files = None
+        if data_dir is not None:
+            if os.path.isdir(data_dir):
+                try:
+                    self.files = {e.name for e in os.scandir(data_dir)}
+                except OSError as e:
+                    problems.append(f"{data_dir}: cannot list data directory ({e})")
+                    self.files = set()
+            else:
+                problems.append(f"{data_dir}: data directory not found (statistics only)")
+                self.data_dir = None
+
+    def api(self, key: str, parsed: records.ParsedName) -> ApiRec:
+        a = self.apis.get(key)
+        if a is None:
+            a = self.apis[key] = ApiRec(key, parsed.api_type, parsed.api_name, parsed.call_index,
+                                        parsed.direction, len(self.apis))
+        return a
+
+    def resolve(self, t: TensorRec, file_name: Optional[str]) -> None:
+        if self.files is None:
+            return
+        fname = file_name or records.data_file_name(t.name)
+        if os.path.basename(fname) != fname:
+            raise ValueError(f"data file name {fname!r} of record {t.name!r} points outside the data directory")
+        if fname not in self.files:
+            t.data_problem = f"{os.path.join(self.data_dir, fname)}: data file of {t.name!r} not found"
+            return
+        if fname.endswith(".npy"):
+            t.data_file = records.safe_data_path(self.data_dir, fname[:-4])
+        else:
+            path = os.path.join(self.data_dir, fname)
+            root = os.path.realpath(self.data_dir)
+            if os.path.commonpath([root, os.path.realpath(path)]) != root:
+                raise ValueError(f"data file of record {t.name!r} points outside {self.data_dir!r}")
+            t.data_file = path
+
+    def done(self, layout: str, mode: str) -> Dump:
+        apis = list(self.apis.values())
+        has = any(t.data_file for a in apis for t in a.tensors)
+        return Dump(self.source, self.data_dir, layout, mode, apis, self.problems, has)
+
+
+def _shape(v: Any) -> Tuple[int, ...]:
+    if not isinstance(v, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in v):
+        raise ValueError(f"shape must be a list of ints, got {v!r}")
+    return tuple(v)
+
+
+def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
+    problems: List[str] = []
+    b = _Builder(pkl, data_dir, problems)
+    base = os.path.basename(pkl)
+    mode = base[: -len("_dump.pkl")] if base.endswith("_dump.pkl") else ""
+    try:
+        f = open(pkl, "r", encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise FileNotFoundError(f"{pkl}: cannot open ({e.strerror})") from None
+    stacks: Dict[str, list] = {}
+    with f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                what = "truncated" if not line.endswith("\n") else "corrupt"
+                problems.append(f"{pkl}:{lineno}: {what} line skipped ({e.msg})")
+                continue
+            try:
+                _add_ptdbg_record(b, rec, lineno, stacks)
+            except ValueError as e:
+                problems.append(f"{pkl}:{lineno}: {e}")
+    for key, frames in stacks.items():
+        a = b.apis.get(key)
+        if a is None:
+            try:
+                a = b.api(key, records.parse_name(key))
+            except ValueError as e:
+                problems.append(f"{pkl}: stack record: {e}")
+                continue
+        a.stack = frames
+    return b.done("ptdbg", mode)
+
+
+def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list]) -> None:
+    if not isinstance(rec, list) or not rec or not isinstance(rec[0], str):
+        raise ValueError("not a ptdbg record (expected a JSON array starting with a name)")
+    if records.is_stack_record(rec):
+        frames = rec[1] if len(rec) > 1 else None
+        if not isinstance(frames, list):
+            raise ValueError(f"stack record {rec[0]!r}: frames must be a list")
+        stacks[rec[0][: -len(records.STACK_SUFFIX)]] = frames
+        return
+    name = rec[0]
+    if len(rec) < 6:
+        raise ValueError(f"record {name!r}: {len(rec)} fields, at least 6 expected")
+    p = records.parse_name(name)
+    if p.io is None:
+        raise ValueError(f"record {name!r}: a tensor name needs _input.N or _output.N")
+    dtype = rec[3]
+    if not isinstance(dtype, str):
+        raise ValueError(f"record {name!r}: dtype must be a string, got {dtype!r}")
+    try:
+        shape = _shape(rec[4])
+    except ValueError as e:
+        raise ValueError(f"record {name!r}: {e}") from None
+    stats = rec[5] if isinstance(rec[5], list) else []
+    extra = rec[6] if len(rec) > 6 and isinstance(rec[6], dict) else {}
+    api_key = name[: name.rindex("_" + p.io)]
+    t = TensorRec(name, api_key, p.io, p.index or (), p.direction, dtype, shape, stats, extra, lineno)
+    a = b.api(api_key, p)
+    if extra.get("ctx"):
+        a.ctx = str(extra["ctx"])
+    a.tensors.append(t)
+    npy = extra.get("npy")
+    if extra and not isinstance(npy, str):
+        return  # written by this project: no "npy" means the tensor was not saved (scalar, filtered)
+    try:
+        b.resolve(t, npy)
+    except ValueError as e:
+        t.data_problem = str(e)
+        b.problems.append(f"{b.source}:{lineno}: {e}")
+
+
+# ---------------------------------------------------------------------------------------- msprobe
+
+_STACK_LINE = re.compile(r"^\s*File\s+(?P<file>.*?),\s+line\s+(?P<line>\d+),\s+in\s+(?P<func>[^,\n]*),?\s*\n?\s*(?P<code>.*)$", re.S)
+
+
+def _frame(s: Any) -> list:
+    if isinstance(s, (list, tuple)):
+        return list(s)
+    m = _STACK_LINE.match(str(s))
+    if not m:
+        return [str(s), 0, "", ""]
+    return [m.group("file"), int(m.group("line")), m.group("func").strip(), m.group("code").strip()]
+
+
+def _read_msprobe_stacks(path: str, problems: List[str]) -> Dict[str, list]:
+    out: Dict[str, list] = {}
+    if not os.path.isfile(path):
+        return out
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        problems.append(f"{path}: unreadable stack file skipped ({e})")
+        return out
+    if not isinstance(data, dict):
+        return out
+    for k, v in data.items():
+        if isinstance(v, list) and len(v) == 2 and isinstance(v[0], list) and all(isinstance(n, str) for n in v[0]):
+            frames = [_frame(s) for s in (v[1] if isinstance(v[1], (list, tuple)) else [v[1]])]
+            for name in v[0]:
+                out[name] = frames
+        elif isinstance(v, list):
+            out[k] = [_frame(s) for s in v]
+    return out
+
+
+def _walk(value: Any, prefix: Tuple[int, ...]):
+    """Yield (index path, tensor dict) of tensors in a nested msprobe argument structure."""
+    if isinstance(value, dict):
+        if "dtype" in value and "shape" in value:
+            yield prefix, value
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _walk(v, prefix + (i,))
+
+
+def _read_msprobe(path: str, data_dir: Optional[str]) -> Dump:
+    problems: List[str] = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise FileNotFoundError(f"{path}: cannot open ({e.strerror})") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON (truncated or corrupt: {e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
+        raise ValueError(f"{path}: no 'data' map; not an msprobe dump.json")
+    if doc.get("task") == "statistics":
+        data_dir = None
+    b = _Builder(path, data_dir, problems)
+    stacks = _read_msprobe_stacks(os.path.join(os.path.dirname(path), MSPROBE_STACK), problems)
+    for key, entry in doc["data"].items():
+        try:
+            p = records.parse_name(key)
+        except ValueError as e:
+            problems.append(f"{path}: {e}")
+            continue
+        if p.io is not None or not isinstance(entry, dict):
+            problems.append(f"{path}: entry {key!r} is not an API entry")
+            continue
+        a = b.api(key, p)
+        a.stack = stacks.get(key)
+        groups = []
+        if "input_args" in entry or "input_kwargs" in entry:
+            args = entry.get("input_args") or []
+            kwargs = entry.get("input_kwargs") or {}
+            args = list(args) + (list(kwargs.values()) if isinstance(kwargs, dict) else [])
+            groups.append(("input", args))
+        elif "input" in entry:
+            groups.append(("input", entry.get("input") or []))
+        if "output" in entry:
+            groups.append(("output", entry.get("output") or []))
+        for io, values in groups:
+            for idx, tdict in _walk(values, ()):
+                name = f"{key}.{io}." + ".".join(str(i) for i in idx)
+                try:
+                    shape = _shape(tdict.get("shape"))
+                except ValueError as e:
+                    problems.append(f"{path}: record {name!r}: {e}")
+                    continue
+                stats = [tdict.get("Max"), tdict.get("Min"), tdict.get("Mean"), tdict.get("Norm")]
+                extra = {}
+                if "requires_grad" in tdict:
+                    extra["rg"] = bool(tdict["requires_grad"])
+                t = TensorRec(name, key, io, idx, p.direction, str(tdict.get("dtype")), shape,
+                              stats, extra, 0)
+                a.tensors.append(t)
+                dn = tdict.get("data_name")
+                if isinstance(dn, str) and dn and dn != "-1":
+                    try:
+                        b.resolve(t, dn)
+                    except ValueError as e:
+                        t.data_problem = str(e)
+                        problems.append(f"{path}: {e}")
+    return b.done("msprobe", str(doc.get("task", "")))

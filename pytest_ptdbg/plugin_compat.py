@@ -1,0 +1,58 @@
+"""The plugin's seam to the compare stage: call ``compare()`` with a test's rule and thresholds,
+re-run the advisor on a filtered table. No torch here.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from pytest_ptdbg.plugin_options import Settings
+
+_PTDBG_KEYS = ("cosine", "max_abs", "cosine_hard", "max_abs_hard", "summary_rel")
+_DTYPE_KEYS = ("max_fail_fraction",)
+
+
+def to_thresholds(settings: Settings) -> Any:
+    """``compare.verdict.Thresholds`` from the settings' threshold dict."""
+    from pytest_ptdbg.compare.verdict import Thresholds
+
+    th = Thresholds()
+    given = dict(settings.thresholds)
+    for key in _PTDBG_KEYS + _DTYPE_KEYS:
+        if key in given:
+            setattr(th, key, float(given[key]))
+    if "rtol" in given or "atol" in given:
+        th.tolerances = {d: (float(given.get("rtol", r)), float(given.get("atol", a)))
+                         for d, (r, a) in th.tolerances.items()}
+    return th
+
+
+def effective_thresholds(settings: Settings) -> Dict[str, Any]:
+    """The thresholds in force for the settings' rule, for messages."""
+    th = to_thresholds(settings)
+    if settings.rule == "ptdbg":
+        return {k: getattr(th, k) for k in _PTDBG_KEYS}
+    out: Dict[str, Any] = {}
+    given = settings.thresholds
+    if "rtol" in given or "atol" in given:
+        out["rtol"] = given.get("rtol", "per dtype")
+        out["atol"] = given.get("atol", "per dtype")
+    else:
+        out["tolerances"] = "assert_close's for the lower-precision dtype (bf16 rtol 1.6e-2, " \
+                            "fp16 1e-3, fp32 1.3e-6; atol 1e-5)"
+    out["max_fail_fraction"] = th.max_fail_fraction
+    return out
+
+
+def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> Any:
+    """``compare(params, out_dir, stack_mode=True, auto_analyze=True, rule, thresholds)``, quietly."""
+    from pytest_ptdbg.compare.api import compare
+
+    return compare(params, out_dir, stack_mode=True, auto_analyze=True, fuzzy_match=False,
+                   rule=settings.rule, thresholds=to_thresholds(settings))
+
+
+def advise_table(table: Any) -> Any:
+    """The advisor's findings for a (filtered or re-judged) table."""
+    from pytest_ptdbg.advise.advisor import advise
+
+    return advise(table)

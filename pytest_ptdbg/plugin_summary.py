@@ -1,0 +1,115 @@
+"""Session summary: collect one entry per ``ptdbg_dump`` call, print it, write it as JSON.
+
+Entries travel from the test to the controller on the teardown report (attribute
+``ptdbg_entries``, a list of JSON-able dicts), so the same code works with and without xdist.
+No torch here.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional
+
+SUMMARY_NAME = "ptdbg_summary.json"
+REPORT_ATTR = "ptdbg_entries"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def entry_line(entry: Dict[str, Any]) -> str:
+    """``FAIL  nodeid  worst: API cosine=.. rel_l2=..  first suspect: API (file:line)``."""
+    verdict = entry.get("verdict", "?")
+    label = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP",
+             "missing-golden": "MISS", "error": "ERR "}.get(verdict, verdict.upper()[:4])
+    name = entry.get("nodeid", "?")
+    if entry.get("call", 0):
+        name += f" (call {entry['call']})"
+    parts = [f"{label}  {name}"]
+    if verdict == "skipped" or verdict == "missing-golden" or verdict == "error":
+        parts.append(entry.get("reason", ""))
+    outcome = entry.get("test_outcome")
+    if outcome and verdict in ("passed", "failed") and outcome != verdict:
+        parts.append(f"[test {outcome}]")
+    worst = entry.get("worst")
+    if worst:
+        metrics = " ".join(f"{k}={_fmt(worst[k])}" for k in ("cosine", "max_abs_err", "rel_l2")
+                           if worst.get(k) is not None)
+        parts.append(f"worst: {worst.get('tensor') or worst.get('api')} {metrics}".rstrip())
+    elif verdict in ("passed", "failed"):
+        parts.append("worst: none (every compared tensor equal)")
+    suspect = entry.get("first_suspect")
+    if suspect:
+        loc = f" ({suspect['location']})" if suspect.get("location") else ""
+        parts.append(f"first suspect: {suspect['api']}{loc}")
+    elif verdict in ("passed", "failed"):
+        parts.append("first suspect: none")
+    return "  ".join(p for p in parts if p)
+
+
+class SessionSummary:
+    """Collects entries from reports; writes the JSON and the terminal section."""
+
+    def __init__(self, dump_root: str, golden_root: Optional[str]) -> None:
+        self.dump_root = dump_root
+        self.golden_root = golden_root
+        self.entries: List[Dict[str, Any]] = []
+        self.stale: List[Dict[str, Any]] = []
+        self.json_path: Optional[str] = None
+
+    def add_report(self, report: Any) -> None:
+        for entry in getattr(report, REPORT_ATTR, None) or ():
+            self.entries.append(dict(entry))
+
+    def counts(self) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        for e in self.entries:
+            out[e.get("verdict", "?")] = out.get(e.get("verdict", "?"), 0) + 1
+        return out
+
+    def write_json(self) -> Optional[str]:
+        if not self.entries and not self.stale:
+            return None
+        os.makedirs(self.dump_root, exist_ok=True)
+        path = os.path.join(self.dump_root, SUMMARY_NAME)
+        doc = {
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "dump_dir": self.dump_root,
+            "golden_dir": self.golden_root,
+            "counts": self.counts(),
+            "tests": sorted(self.entries, key=lambda e: (e.get("nodeid", ""), e.get("call", 0))),
+            "stale_goldens": self.stale,
+        }
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, default=str, allow_nan=True)
+        os.replace(tmp, path)
+        self.json_path = path
+        return path
+
+    def write_terminal(self, tr: Any) -> None:
+        if not self.entries and not self.stale:
+            return
+        tr.write_sep("=", "ptdbg precision summary")
+        for entry in sorted(self.entries, key=lambda e: (e.get("nodeid", ""), e.get("call", 0))):
+            markup = {"red": True} if entry.get("verdict") in ("failed", "missing-golden",
+                                                                "error") else {}
+            tr.write_line(entry_line(entry), **markup)
+            if entry.get("verdict") != "passed" and entry.get("html"):
+                tr.write_line(f"      report: {entry['html']}")
+        if self.stale:
+            tr.write_line(f"stale goldens (their test no longer exists; delete them): "
+                          f"{len(self.stale)}", yellow=True)
+            for item in self.stale:
+                tr.write_line(f"  {item['nodeid']}  {item['path']}", yellow=True)
+        counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts().items()))
+        tr.write_line(f"ptdbg: {counts}; artifacts in {self.dump_root}")
+        if self.json_path:
+            tr.write_line(f"ptdbg: session summary {self.json_path}")

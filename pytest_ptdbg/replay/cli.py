@@ -1,0 +1,68 @@
+"""``ptdbg replay PACKAGE --device cpu|cuda|npu [--dtype float64] [--script OUT.py] [--json]``.
+
+Registered by ``pytest_ptdbg/cli.py`` through :func:`add_parser`; the handler returns the exit
+status: 0 when every replayed tensor passes the verdict rule, 1 when one fails, 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Optional, Sequence
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``replay`` subcommand to an ``argparse`` subparsers object (sets ``func``)."""
+    p = subparsers.add_parser(
+        "replay",
+        help="run one saved API call again (a reproduction package) and compare with the saved result",
+        description="Run the API of a reproduction package (written by mode='acl' or "
+                    "hook_name='overflow_check') from its saved inputs and compare the result with the "
+                    "saved one, using the compare metrics and verdict rule.",
+    )
+    p.add_argument("package", help="reproduction package directory (holds package.json)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda[:i] or npu[:i] (default cpu)")
+    p.add_argument("--dtype", default=None,
+                   help="cast floating-point inputs first, e.g. float64 for an oracle")
+    p.add_argument("--rule", choices=("dtype", "ptdbg"), default="dtype",
+                   help="verdict rule: dtype (assert_close tolerances, default) or ptdbg")
+    p.add_argument("--script", metavar="OUT.py", default=None,
+                   help="write a standalone Python script for the package instead of replaying it")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handler of ``ptdbg replay``."""
+    from pytest_ptdbg.replay.runner import ReplayError, replay
+
+    try:
+        if args.script:
+            from pytest_ptdbg.replay.script import write_script
+
+            path = write_script(args.package, args.script)
+            print(f"wrote {path}: python {path} [--device cpu] [--dtype float64]")
+            return 0
+        result = replay(args.package, device=args.device, dtype=args.dtype, rule=args.rule)
+    except (FileNotFoundError, ValueError, ReplayError) as exc:
+        print(f"ptdbg replay: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1, default=str))
+    else:
+        print(result.text())
+    return 0 if result.passed else 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``replay`` alone (``python -m pytest_ptdbg.replay.cli PACKAGE ...``)."""
+    parser = argparse.ArgumentParser(prog="ptdbg")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    args = parser.parse_args(["replay", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

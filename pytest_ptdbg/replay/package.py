@@ -1,0 +1,375 @@
+"""Reproduction packages: one API call saved as data so that it can be run again on its own.
+
+A package is a directory holding ``package.json`` and one ``.npy`` per tensor (never pickle)::
+
+    package.json
+        format, version        "ptdbg-replay-package", 1
+        api                    the API key it reproduces, e.g. "Functional_conv2d_1_backward"
+        api_type, api_name, call_index, direction
+        call                   {"args": [...], "kwargs": {...}}: the call spec of docs/DESIGN.md
+        tensors                {key: {"file", "dtype", "shape", "requires_grad"}}
+        stack                  [[file, line, function, code], ...] of the original call
+        meta                   free-form: reason ("acl", "overflow", ...), device, torch version...
+    input.0.npy ...            forward inputs (indexed as capture indexes them)
+    output.0.npy ...           forward outputs
+    backward_input.0.npy ...   gradient arriving at output 0 (backward packages)
+    backward_output.0.npy ...  gradient produced for input 0 (backward packages)
+
+Tensor keys follow the dump's suffixes (``input.1.0``: element 0 of the list argument 1). A
+bfloat16 tensor is stored as float32; the ``dtype`` entry is authoritative.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from pytest_ptdbg.dump import records
+
+PACKAGE_FILE = "package.json"
+FORMAT = "ptdbg-replay-package"
+VERSION = 1
+
+_KEY = re.compile(r"^(input|output|backward_input|backward_output)(\.\d+)+$")
+
+
+@dataclass
+class TensorInfo:
+    """One saved tensor of a package."""
+
+    key: str
+    file: str
+    dtype: str
+    shape: Tuple[int, ...]
+    requires_grad: bool = False
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "dtype": self.dtype, "shape": list(self.shape),
+                "requires_grad": self.requires_grad}
+
+
+@dataclass
+class Package:
+    """A loaded reproduction package (see the module docstring)."""
+
+    path: str
+    api: str
+    call: dict
+    tensors: Dict[str, TensorInfo]
+    stack: List[list] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def parsed(self) -> records.ParsedName:
+        return records.parse_name(self.api)
+
+    @property
+    def direction(self) -> str:
+        return self.parsed.direction
+
+    def keys(self, io: str) -> List[str]:
+        """Tensor keys of one kind (``input``, ``output``, ``backward_input``...), in index order."""
+        found = [k for k in self.tensors if k.split(".", 1)[0] == io]
+        return sorted(found, key=lambda k: tuple(int(p) for p in k.split(".")[1:]))
+
+    @property
+    def expected_keys(self) -> List[str]:
+        """What a replay is compared against: the outputs (forward) or produced gradients (backward)."""
+        return self.keys("output" if self.direction == "forward" else "backward_output")
+
+    def file_path(self, key: str) -> str:
+        info = self._info(key)
+        if os.path.isabs(info.file):
+            return info.file
+        return records.safe_data_path(self.path, info.file[: -len(".npy")])
+
+    def load_array(self, key: str) -> np.ndarray:
+        """The saved array of ``key`` (bf16 comes back as float32); checks its shape."""
+        path = self.file_path(key)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{self.api}: tensor {key!r} has no data file {path}")
+        if path.endswith(".pt"):  # msprobe dumps: torch.load(weights_only=True)
+            from pytest_ptdbg.dump.npy import load_pt
+
+            arr = load_pt(path, key)
+        else:
+            arr = np.load(path, allow_pickle=False)
+        info = self.tensors[key]
+        if tuple(arr.shape) != tuple(info.shape):
+            raise ValueError(
+                f"{path}: shape {list(arr.shape)} does not match the package's {list(info.shape)} for {key!r}"
+            )
+        return arr
+
+    def _info(self, key: str) -> TensorInfo:
+        try:
+            return self.tensors[key]
+        except KeyError:
+            raise KeyError(f"package {self.path} ({self.api}) has no tensor {key!r}") from None
+
+    def to_json(self) -> dict:
+        p = self.parsed
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "api": self.api,
+            "api_type": p.api_type,
+            "api_name": p.api_name,
+            "call_index": p.call_index,
+            "direction": p.direction,
+            "call": self.call,
+            "tensors": {k: v.to_json() for k, v in self.tensors.items()},
+            "stack": self.stack,
+            "meta": self.meta,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# call spec (docs/DESIGN.md): values <-> JSON
+
+
+def encode_call(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict:
+    """The call spec of ``args``/``kwargs`` (capture's encoder, ``capture/call_spec.py``)."""
+    from pytest_ptdbg.capture import call_spec
+
+    return call_spec.encode_call(tuple(args), kwargs)
+
+
+class _LazyTensors(Mapping):
+    """``{key: tensor}`` that loads each tensor when the decoder asks for it."""
+
+    def __init__(self, keys: Sequence[str], load: Callable[[str], Any]) -> None:
+        self._keys = list(keys)
+        self._load = load
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._keys:
+            raise KeyError(key)
+        return self._load(key)
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def decode_call(spec: Mapping[str, Any], keys: Sequence[str], tensor: Callable[[str], Any],
+                where: str = "call") -> Tuple[list, dict]:
+    """``(args, kwargs)`` rebuilt from a call spec (capture's decoder); ``tensor(key)`` supplies
+    the tensors among ``keys``. Raises ValueError naming ``where`` when it cannot be rebuilt."""
+    from pytest_ptdbg.capture import call_spec
+
+    try:
+        args, kwargs = call_spec.decode_call(spec, _LazyTensors(keys, tensor))
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return list(args), kwargs
+
+
+def tensor_refs(spec: Any) -> List[str]:
+    """Every tensor key a call spec refers to, in order."""
+    out: List[str] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            if set(v) == {"t"}:
+                out.append(v["t"])
+            else:
+                for x in v.values():
+                    walk(x)
+
+    walk(spec)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+
+def _walk(value: Any, prefix: str) -> List[Tuple[str, Any]]:
+    """``(key, leaf)`` pairs: lists/tuples add an index level, as in capture's ``iter_tensors``."""
+    out: List[Tuple[str, Any]] = []
+    for i, v in enumerate(value):
+        k = f"{prefix}.{i}"
+        if isinstance(v, (list, tuple)) and not hasattr(v, "shape"):
+            out.extend(_walk(v, k))
+        else:
+            out.append((k, v))
+    return out
+
+
+def flatten_output(output: Any, prefix: str = "output") -> List[Tuple[str, Any]]:
+    """``(key, tensor)`` for every tensor of an API's return value (``output.0``, ``output.1.0``...)."""
+    import torch
+
+    value = list(output) if isinstance(output, (list, tuple)) and not hasattr(output, "shape") else [output]
+    return [(k, v) for k, v in _walk(value, prefix) if isinstance(v, torch.Tensor)]
+
+
+def flatten_inputs(args: Sequence[Any], kwargs: Mapping[str, Any]) -> List[Tuple[str, Any]]:
+    """``(key, tensor)`` for every tensor input, keyed ``input.i[.j]`` (kwargs after args)."""
+    import torch
+
+    items = list(args) + list(kwargs.values())
+    return [(k, v) for k, v in _walk(items, "input") if isinstance(v, torch.Tensor)]
+
+
+def to_numpy(t: Any) -> np.ndarray:
+    """A CPU numpy copy of a tensor; dtypes numpy lacks (bf16, fp8) become float32."""
+    import torch
+
+    t = t.detach()
+    if t.is_complex():
+        return t.cpu().resolve_conj().numpy().copy()
+    if t.dtype.is_floating_point and t.dtype not in (torch.float16, torch.float32, torch.float64):
+        t = t.float()
+    return t.cpu().resolve_neg().contiguous().numpy().copy()
+
+
+def write_package(
+    out_dir: str,
+    api: str,
+    call: dict,
+    tensors: Mapping[str, Any],
+    requires_grad: Optional[Mapping[str, bool]] = None,
+    stack: Optional[List[list]] = None,
+    meta: Optional[dict] = None,
+) -> Package:
+    """Write a package to ``out_dir`` (replaced as a whole if it exists) and return it.
+
+    ``tensors`` maps tensor keys (``input.0``...) to torch tensors or numpy arrays (a numpy array
+    may be given as ``(array, "torch.bfloat16")`` to record the original dtype).
+    """
+    records.parse_name(api)  # validates
+    requires_grad = dict(requires_grad or {})
+    for ref in tensor_refs(call):
+        if ref not in tensors:
+            raise ValueError(f"{api}: call spec refers to tensor {ref!r} that is not given")
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".pkg-", dir=parent)
+    infos: Dict[str, TensorInfo] = {}
+    try:
+        for key, value in tensors.items():
+            if not _KEY.match(key):
+                raise ValueError(f"{api}: bad tensor key {key!r} (expected e.g. 'input.0', 'backward_input.0')")
+            if isinstance(value, tuple):
+                arr, dtype = value
+            elif isinstance(value, np.ndarray):
+                arr, dtype = value, f"numpy.{value.dtype}"
+            else:
+                arr, dtype = to_numpy(value), str(value.dtype)
+                requires_grad.setdefault(key, bool(value.requires_grad))
+            fname = records.data_file_name(key)
+            np.save(os.path.join(tmp, fname), np.asarray(arr), allow_pickle=False)
+            infos[key] = TensorInfo(key, fname, dtype, tuple(int(s) for s in np.shape(arr)),
+                                    bool(requires_grad.get(key, False)))
+        pkg = Package(os.path.abspath(out_dir), api, call, infos, [list(f) for f in (stack or [])], dict(meta or {}))
+        with open(os.path.join(tmp, PACKAGE_FILE), "w") as fh:
+            json.dump(pkg.to_json(), fh, indent=1, allow_nan=True)
+            fh.write("\n")
+        if os.path.exists(out_dir):
+            old = tmp + ".old"
+            os.rename(out_dir, old)
+            os.rename(tmp, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return pkg
+
+
+def package_call(
+    out_dir: str,
+    api: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    output: Any = None,
+    backward_input: Optional[Mapping[str, Any]] = None,
+    backward_output: Optional[Mapping[str, Any]] = None,
+    stack: Optional[List[list]] = None,
+    meta: Optional[dict] = None,
+    requires_grad: Optional[Mapping[str, bool]] = None,
+) -> Package:
+    """Package a live call: its arguments, output and (backward) gradients.
+
+    ``backward_input``/``backward_output`` map indices like ``"0"`` or ``"1.0"`` to gradients
+    (arriving at output i / produced for input j). ``requires_grad`` overrides the flags read
+    from the input tensors (useful when inputs were saved as detached copies).
+    """
+    tensors: Dict[str, Any] = {}
+    rg: Dict[str, bool] = {}
+    for k, t in flatten_inputs(args, kwargs):
+        tensors[k] = t
+        rg[k] = bool(t.requires_grad)
+    rg.update(requires_grad or {})
+    if output is not None:
+        for k, t in flatten_output(output):
+            tensors[k] = t
+    for io, grads in (("backward_input", backward_input), ("backward_output", backward_output)):
+        for idx, g in (grads or {}).items():
+            if g is not None:
+                tensors[f"{io}.{idx}"] = g
+    return write_package(out_dir, api, encode_call(args, kwargs), tensors, rg, stack, meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+def _field(doc: Mapping[str, Any], name: str, kind: type, path: str) -> Any:
+    if name not in doc:
+        raise ValueError(f"{path}: missing field {name!r}")
+    value = doc[name]
+    if not isinstance(value, kind):
+        raise ValueError(f"{path}: field {name!r} must be {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def load_package(package_dir: str) -> Package:
+    """Read ``package_dir/package.json``; raises FileNotFoundError/ValueError naming the problem."""
+    path = os.path.join(package_dir, PACKAGE_FILE)
+    if not os.path.isdir(package_dir):
+        raise FileNotFoundError(f"reproduction package not found: {package_dir} is not a directory")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{package_dir} is not a reproduction package: {PACKAGE_FILE} is missing")
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a ptdbg reproduction package (field 'format' must be {FORMAT!r})")
+    if int(doc.get("version", 0)) > VERSION:
+        raise ValueError(f"{path}: package version {doc.get('version')} is newer than this reader ({VERSION})")
+    api = _field(doc, "api", str, path)
+    records.parse_name(api)
+    call = _field(doc, "call", dict, path)
+    infos: Dict[str, TensorInfo] = {}
+    for key, t in _field(doc, "tensors", dict, path).items():
+        where = f"{path}: tensor {key!r}"
+        if not _KEY.match(key) or not isinstance(t, dict):
+            raise ValueError(f"{where}: bad tensor entry")
+        fname = _field(t, "file", str, where)
+        records.safe_data_path(package_dir, fname[:-4] if fname.endswith(".npy") else fname)
+        if not fname.endswith(".npy") or os.path.isabs(fname):
+            raise ValueError(f"{where}: field 'file' must be a .npy file name inside the package")
+        infos[key] = TensorInfo(key, fname, _field(t, "dtype", str, where),
+                                tuple(int(s) for s in _field(t, "shape", list, where)),
+                                bool(t.get("requires_grad", False)))
+    for ref in tensor_refs(call):
+        if ref not in infos:
+            raise ValueError(f"{path}: call refers to tensor {ref!r}, which the package does not hold")
+    return Package(os.path.abspath(package_dir), api, call, infos, doc.get("stack") or [], doc.get("meta") or {})

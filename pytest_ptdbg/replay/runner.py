@@ -1,0 +1,350 @@
+"""Run one saved API call again and compare the result with what was saved.
+
+``replay(package_dir, device="cpu", dtype=None)`` loads a reproduction package (see
+``package.py``), rebuilds the call from its saved inputs on ``device`` (optionally with every
+floating-point input and floating ``dtype=`` argument cast to ``dtype``, e.g. ``"float64"`` for an
+oracle), runs it (forward; for a
+backward package, forward then ``autograd.grad`` with the saved incoming gradient) and compares
+each result with the saved one using the compare stage's metrics and verdict rule. Inputs are the
+same on both sides, so whatever differs is this API's own doing.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from pytest_ptdbg.replay import package as pkgmod
+from pytest_ptdbg.replay.package import Package
+
+__all__ = ["replay", "replay_package", "run_package", "resolve_api", "ReplayResult", "TensorCheck"]
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ReplayError(RuntimeError):
+    """The package could not be run (unknown API, unavailable device, unreplayable argument)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# what to call
+
+
+def api_path(api_type: str, api_name: str) -> Tuple[str, List[str]]:
+    """``(module expression, attribute chain)`` of an API, e.g. ``("torch.nn.functional", ["conv2d"])``.
+
+    Raises ReplayError for collectives (not replayable alone) and names that are not identifiers.
+    """
+    parts = api_name.split(".") if api_type == "Aten" else [api_name]
+    if not all(_IDENT.match(p) for p in parts):
+        raise ReplayError(f"API name {api_name!r} is not a Python identifier; cannot resolve it")
+    roots = {
+        "Torch": "torch",
+        "Functional": "torch.nn.functional",
+        "Tensor": "torch.Tensor",
+        "VF": "torch._VF",
+        "Aten": "torch.ops.aten",
+        "NPU": "torch_npu",
+    }
+    if api_type == "Distributed":
+        raise ReplayError(f"Distributed_{api_name}: a collective needs its process group and cannot be replayed alone")
+    if api_type not in roots:
+        raise ReplayError(f"unknown API type {api_type!r} (expected one of {sorted(roots)})")
+    return roots[api_type], parts
+
+
+def resolve_api(api_type: str, api_name: str) -> Callable:
+    """The callable of ``{api_type}_{api_name}`` (``Tensor`` methods take ``self`` first)."""
+    import importlib
+
+    import torch  # noqa: F401  (torch.nn.functional etc. need it)
+
+    root, parts = api_path(api_type, api_name)
+    if root == "torch_npu":
+        try:
+            obj: Any = importlib.import_module("torch_npu")
+        except ImportError:
+            raise ReplayError(f"NPU_{api_name} needs torch_npu, which does not import here") from None
+    elif root == "torch.Tensor":
+        obj = torch.Tensor
+    elif root == "torch._VF":
+        obj = torch._VF
+    elif root == "torch.ops.aten":
+        obj = torch.ops.aten
+    else:
+        obj = importlib.import_module(root)
+    for p in parts:
+        try:
+            obj = getattr(obj, p)
+        except AttributeError:
+            raise ReplayError(f"{api_type}_{api_name}: {root} has no attribute {p!r} in torch {torch.__version__}") from None
+    if not callable(obj):
+        raise ReplayError(f"{api_type}_{api_name} is not callable")
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# running
+
+
+def parse_dtype(dtype: Any) -> Any:
+    """``None``, a ``torch.dtype`` or a name like ``"float64"``/``"torch.bfloat16"`` -> dtype."""
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).replace("torch.", "")
+    dt = getattr(torch, name, None) if _IDENT.match(name) else None
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        raise ValueError(f"--dtype must be a floating-point torch dtype such as 'float64', got {dtype!r}")
+    return dt
+
+
+def check_device(device: str) -> Any:
+    """A usable ``torch.device`` for ``device`` (``cpu``, ``cuda[:i]``, ``npu[:i]``) or ReplayError."""
+    import torch
+
+    kind = str(device).split(":")[0]
+    if kind == "npu":
+        try:
+            import torch_npu  # noqa: F401
+        except ImportError:
+            raise ReplayError("device 'npu' needs torch_npu, which does not import here") from None
+        if not torch.npu.is_available():  # type: ignore[attr-defined]
+            raise ReplayError("device 'npu': torch_npu imports but no Ascend device is available")
+    elif kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ReplayError("device 'cuda': no CUDA device is available here")
+    elif kind != "cpu":
+        raise ReplayError(f"unknown device {device!r} (expected cpu, cuda or npu)")
+    return torch.device(device)
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    n = name.split(".", 1)[1] if name.startswith(("torch.", "numpy.")) else name
+    dt = getattr(torch, n, None) if _IDENT.match(n) else None
+    return dt if isinstance(dt, torch.dtype) else None
+
+
+def load_tensor(pkg: Package, key: str, device: Any, dtype: Any = None) -> Any:
+    """Tensor ``key`` of ``pkg`` on ``device``, in its recorded dtype (or ``dtype`` when floating)."""
+    import torch
+
+    arr = pkg.load_array(key)
+    t = torch.from_numpy(np.ascontiguousarray(arr))
+    want = _torch_dtype(pkg.tensors[key].dtype)
+    if want is not None and t.dtype != want:
+        t = t.to(want)
+    if dtype is not None and t.is_floating_point():
+        t = t.to(dtype)
+    return t.to(device)
+
+
+def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[str, Any]:
+    """Run the package's call; returns ``{key: tensor}`` for forward outputs (``output.*``) and,
+    for a backward package, the produced gradients (``backward_output.*``)."""
+    import torch
+
+    dev = check_device(str(device))
+    dt = parse_dtype(dtype)
+    p = pkg.parsed
+    func = resolve_api(p.api_type, p.api_name)
+    backward = p.direction == "backward"
+    leaves: Dict[str, Any] = {}
+
+    def tensor(key: str) -> Any:
+        t = load_tensor(pkg, key, dev, dt)
+        if backward and pkg.tensors[key].requires_grad and (t.is_floating_point() or t.is_complex()):
+            leaf = t.requires_grad_(True)
+            leaves[key] = leaf
+            return leaf.clone()  # in-place APIs may modify their input; the leaf must stay intact
+        return t
+
+    try:
+        args, kwargs = pkgmod.decode_call(pkg.call, list(pkg.tensors), tensor, where=pkg.api)
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from None
+    args, kwargs = _retarget(args, kwargs, dev, dt)
+    if not backward:
+        with torch.no_grad():
+            output = func(*args, **kwargs)
+        return {k: v for k, v in pkgmod.flatten_output(output)}
+    with torch.enable_grad():
+        output = func(*args, **kwargs)
+        outs = dict(pkgmod.flatten_output(output))
+        pairs = []
+        for gkey in pkg.keys("backward_input"):
+            okey = "output" + gkey[len("backward_input"):]
+            out = outs.get(okey)
+            if out is None or not out.requires_grad:
+                continue
+            g = load_tensor(pkg, gkey, dev, dt).to(out.dtype)
+            if tuple(g.shape) != tuple(out.shape):
+                raise ReplayError(f"{pkg.api}: gradient {gkey} has shape {list(g.shape)}, "
+                                  f"but {okey} has shape {list(out.shape)}")
+            pairs.append((out, g))
+        if not pairs:
+            raise ReplayError(f"{pkg.api}: no output that requires grad has a saved incoming gradient "
+                              f"(backward_input.*); nothing to differentiate")
+        if not leaves:
+            raise ReplayError(f"{pkg.api}: no input requires grad; nothing to differentiate")
+        keys = list(leaves)
+        grads = torch.autograd.grad([o for o, _ in pairs], [leaves[k] for k in keys],
+                                    [g for _, g in pairs], allow_unused=True)
+    result = {k: v.detach() for k, v in outs.items()}
+    for k, g in zip(keys, grads):
+        if g is not None:
+            result["backward_output" + k[len("input"):]] = g
+    return result
+
+
+def _retarget(args: list, kwargs: dict, dev: Any, dtype: Any) -> Tuple[list, dict]:
+    """Replace saved ``torch.device`` arguments (e.g. ``device="npu:0"``) by the replay device and,
+    with a ``dtype`` override, floating ``torch.dtype`` arguments by it (an oracle runs in float64)."""
+    import torch
+
+    def fix(v: Any) -> Any:
+        if isinstance(v, torch.device):
+            return dev
+        if dtype is not None and isinstance(v, torch.dtype) and v.is_floating_point:
+            return dtype
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        if isinstance(v, tuple):
+            return tuple(fix(x) for x in v)
+        return v
+
+    return fix(args), {k: fix(v) for k, v in kwargs.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# comparing
+
+
+@dataclass
+class TensorCheck:
+    """The comparison of one replayed tensor with the saved one."""
+
+    key: str
+    dtype: str
+    replay_dtype: str
+    shape: Tuple[int, ...]
+    cosine: float
+    max_abs_err: float
+    max_rel_err: float
+    one_thousandth: float
+    five_thousandths: float
+    rel_l2: float
+    passed: bool
+    message: str = ""
+    #: bit for bit the same values (NaN where NaN), compared in the saved dtype
+    identical: bool = False
+
+
+@dataclass
+class ReplayResult:
+    """What a replay found: one :class:`TensorCheck` per compared tensor."""
+
+    package: str
+    api: str
+    device: str
+    dtype: Optional[str]
+    checks: List[TensorCheck]
+    outputs: Dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def identical(self) -> bool:
+        return bool(self.checks) and all(c.identical for c in self.checks)
+
+    @property
+    def worst(self) -> Optional[TensorCheck]:
+        """The check with the largest relative L2 error (failed checks first)."""
+        if not self.checks:
+            return None
+        return max(self.checks, key=lambda c: (not c.passed, _nan_low(c.rel_l2), _nan_low(c.max_abs_err)))
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "outputs"}
+        d["passed"] = self.passed
+        d["identical"] = self.identical
+        return d
+
+    def text(self) -> str:
+        """A short table for the console."""
+        how = f"on {self.device}" + (f" in {self.dtype}" if self.dtype else "")
+        head = f"replay of {self.api} {how}: " + (
+            "identical to the saved result" if self.identical else "PASSED" if self.passed else "FAILED")
+        lines = [head, f"{'tensor':<22} {'dtype':<15} {'cosine':>10} {'max abs err':>12} "
+                       f"{'max rel err':>12} {'rel L2':>10}  ok"]
+        for c in self.checks:
+            lines.append(f"{c.key:<22} {c.dtype:<15} {_fmt(c.cosine):>10} {_fmt(c.max_abs_err):>12} "
+                         f"{_fmt(c.max_rel_err):>12} {_fmt(c.rel_l2):>10}  {'yes' if c.passed else 'NO'}"
+                         + (f"  {c.message}" if c.message else ""))
+        return "\n".join(lines)
+
+
+def _nan_low(x: float) -> float:
+    return -1.0 if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def _fmt(x: float) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "nan"
+    return f"{x:.6g}"
+
+
+def compare_tensor(key: str, expected: np.ndarray, expected_dtype: str, actual: Any,
+                   rule: Optional[str] = None) -> TensorCheck:
+    """Compare a replayed tensor with the saved array using ``compare.metrics``/``compare.verdict``."""
+    from pytest_ptdbg.replay import _metrics
+
+    act = pkgmod.to_numpy(actual)
+    replay_dtype = str(actual.dtype)
+    if tuple(act.shape) != tuple(expected.shape):
+        return TensorCheck(key, expected_dtype, replay_dtype, tuple(expected.shape), math.nan, math.nan,
+                           math.nan, math.nan, math.nan, math.nan, False,
+                           f"shape {list(act.shape)} differs from the saved {list(expected.shape)}")
+    m = _metrics.pair_metrics(expected, act, expected_dtype, replay_dtype, rule)
+    same = expected.dtype == act.dtype and bool(np.array_equal(expected, act, equal_nan=expected.dtype.kind in "fc"))
+    return TensorCheck(key, expected_dtype, replay_dtype, tuple(expected.shape), identical=same, **m)
+
+
+def replay_package(pkg: Package, device: Any = "cpu", dtype: Any = None, rule: str = "dtype",
+                   against: Optional[Dict[str, np.ndarray]] = None) -> ReplayResult:
+    """Replay a loaded package; compare with its saved results (or with ``against``)."""
+    produced = run_package(pkg, device, dtype)
+    checks: List[TensorCheck] = []
+    keys = list(against) if against is not None else pkg.expected_keys
+    for key in keys:
+        expected = against[key] if against is not None else pkg.load_array(key)
+        exp_dtype = pkg.tensors[key].dtype if key in pkg.tensors else str(expected.dtype)
+        if key not in produced:
+            checks.append(TensorCheck(key, exp_dtype, "", tuple(expected.shape), math.nan, math.nan, math.nan,
+                                      math.nan, math.nan, math.nan, False, "the replay did not produce it"))
+            continue
+        checks.append(compare_tensor(key, expected, exp_dtype, produced[key], rule))
+    dt = parse_dtype(dtype)
+    return ReplayResult(pkg.path, pkg.api, str(device), str(dt).replace("torch.", "") if dt else None, checks,
+                        {k: pkgmod.to_numpy(v) for k, v in produced.items()})
+
+
+def replay(package_dir: str, device: str = "cpu", dtype: Union[str, Any, None] = None,
+           rule: str = "dtype") -> ReplayResult:
+    """Load the reproduction package in ``package_dir``, run its API on ``device`` from the saved
+    inputs (floating inputs and floating dtype arguments cast to ``dtype`` if given) and compare
+    with the saved result.
+
+    ``rule`` is a ``compare.verdict`` rule: ``"dtype"`` (default: the assert_close tolerances of
+    the lower-precision side, right for identical inputs) or ``"ptdbg"`` (ptdbg's loose rule).
+    Raises FileNotFoundError/ValueError for a bad package, ReplayError when it cannot run.
+    """
+    return replay_package(pkgmod.load_package(package_dir), device, dtype, rule)

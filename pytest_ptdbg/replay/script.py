@@ -1,0 +1,219 @@
+"""Write a standalone Python script that reproduces a package's API call (for a bug report).
+
+The script needs only torch and numpy: it loads the package's ``.npy`` files
+(``allow_pickle=False``), spells the call out literally (``torch.nn.functional.conv2d(input_0, ...)``),
+runs it (forward, or forward + ``autograd.grad`` for a backward package) and prints cosine, max
+absolute and max relative error against the saved result. Every name written into the code is
+checked to be an identifier or a literal; nothing from the package is pasted in unchecked.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, List
+
+from pytest_ptdbg.replay import package as pkgmod
+from pytest_ptdbg.replay.runner import ReplayError, api_path
+
+_DTYPE = re.compile(r"^(torch|numpy)\.[a-z0-9_]+$")
+
+_TEMPLATE = '''#!/usr/bin/env python3
+"""Standalone reproduction of {api}{what}.
+
+Written by pytest-ptdbg. Runs the call alone from the saved inputs and compares the result with
+the one saved when it was recorded. Needs only torch and numpy.
+
+    python {script_name} [PACKAGE_DIR] [--device cpu|cuda|npu] [--dtype float64]
+"""
+import argparse
+import os
+
+import numpy as np
+import torch
+
+PACKAGE_DIR = {package_dir!r}
+{stack_comment}
+
+def load(key, dtype, device, cast=None, requires_grad=False):
+    """Tensor ``key`` from the package, in its recorded dtype (floating ones cast to ``cast``)."""
+    arr = np.load(os.path.join(ARGS.package, key + ".npy"), allow_pickle=False)
+    t = torch.from_numpy(np.ascontiguousarray(arr))
+    if dtype.startswith("torch."):
+        t = t.to(getattr(torch, dtype[len("torch."):]))
+    if cast is not None and t.is_floating_point():
+        t = t.to(cast)
+    t = t.to(device)
+    return t.requires_grad_(True) if requires_grad and t.is_floating_point() else t
+
+
+def flatten(value, prefix="output"):
+    """{{key: tensor}} of a return value, keyed like the dump (output.0, output.1.0, ...)."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    out = {{}}
+    for i, v in enumerate(items):
+        if isinstance(v, (list, tuple)):
+            out.update(flatten(v, f"{{prefix}}.{{i}}"))
+        elif isinstance(v, torch.Tensor):
+            out[f"{{prefix}}.{{i}}"] = v
+    return out
+
+
+def metrics(expected, actual):
+    """(cosine, max abs err, max rel err) in float64, NaN/Inf positions excluded."""
+    e = np.asarray(expected, dtype=np.float64).ravel()
+    a = actual.detach().to("cpu", torch.float64).numpy().ravel()
+    if e.shape != a.shape:
+        return float("nan"), float("nan"), float("nan")
+    ok = np.isfinite(e) & np.isfinite(a)
+    e, a = e[ok], a[ok]
+    if e.size == 0:
+        return float("nan"), 0.0, 0.0
+    d = np.abs(e - a)
+    ne, na = np.linalg.norm(e), np.linalg.norm(a)
+    cos = 1.0 if ne == 0 and na == 0 else float(e @ a / (ne * na)) if ne and na else float("nan")
+    rel = d / np.maximum(np.abs(e), np.finfo(np.float32).eps)
+    return cos, float(d.max()), float(rel.max())
+
+
+def main():
+    device = torch.device(ARGS.device)
+    cast = getattr(torch, ARGS.dtype) if ARGS.dtype else None
+{body}
+    print(f"{{'tensor':<22}} {{'cosine':>12}} {{'max abs err':>12}} {{'max rel err':>12}}")
+    for key, dtype in EXPECTED.items():
+        expected = np.load(os.path.join(ARGS.package, key + ".npy"), allow_pickle=False)
+        if key not in result:
+            print(f"{{key:<22}} not produced by the replay")
+            continue
+        cos, mae, mre = metrics(expected, result[key])
+        print(f"{{key:<22}} {{cos:>12.6g}} {{mae:>12.6g}} {{mre:>12.6g}}")
+
+
+EXPECTED = {expected!r}
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("package", nargs="?", default=PACKAGE_DIR)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="cast floating inputs, e.g. float64")
+    ARGS = parser.parse_args()
+    main()
+'''
+
+
+def _var(key: str) -> str:
+    return key.replace(".", "_")
+
+
+def render_value(value: Any, names: Dict[str, str]) -> str:
+    """Python source for one encoded argument (tensor refs become their variable names)."""
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(render_value(v, names) for v in value) + "]"
+    if not isinstance(value, dict) or len(value) != 1:
+        raise ReplayError(f"cannot write encoded value {value!r} as code")
+    (tag, v), = value.items()
+    if tag == "t":
+        if v not in names:
+            raise ReplayError(f"call refers to unknown tensor {v!r}")
+        return names[v]
+    if tag == "tuple":
+        inner = [render_value(x, names) for x in v]
+        return "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"
+    if tag == "float" and v in ("nan", "inf", "-inf"):
+        return f"float({v!r})"
+    if tag == "dtype" and isinstance(v, str) and re.fullmatch(r"torch\.[a-z0-9_]+", v):
+        return v
+    if tag in ("memory_format", "layout") and isinstance(v, str) and re.fullmatch(r"torch\.[a-z0-9_]+", v):
+        return v
+    if tag == "size" and isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return f"torch.Size({v!r})"
+    if tag == "device":
+        return "device"
+    if tag == "slice" and isinstance(v, list) and len(v) == 3:
+        return "slice(" + ", ".join(render_value(x, names) for x in v) + ")"
+    if tag == "ellipsis":
+        return "..."
+    if tag == "repr":
+        raise ReplayError(f"argument {v!r} was saved only as text; the call cannot be written out")
+    raise ReplayError(f"cannot write encoded value {value!r} as code")
+
+
+def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
+    """The standalone script for a loaded package."""
+    p = pkg.parsed
+    root, parts = api_path(p.api_type, p.api_name)
+    func = ".".join([root] + parts)
+    backward = p.direction == "backward"
+    names: Dict[str, str] = {}
+    body: List[str] = []
+    if root == "torch_npu":
+        body.append("    import torch_npu  # noqa: F401")
+    for key in pkgmod.tensor_refs(pkg.call):
+        info = pkg.tensors[key]
+        if not _DTYPE.match(info.dtype):
+            raise ReplayError(f"{pkg.api}: tensor {key!r} has an unexpected dtype {info.dtype!r}")
+        var = _var(key)
+        if backward and info.requires_grad:
+            body.append(f"    {var}_leaf = load({key!r}, {info.dtype!r}, device, cast, requires_grad=True)")
+            body.append(f"    {var} = {var}_leaf.clone()")
+            names[key] = var
+        else:
+            body.append(f"    {var} = load({key!r}, {info.dtype!r}, device, cast)")
+            names[key] = var
+    args = [render_value(v, names) for v in pkg.call.get("args", [])]
+    for k, v in pkg.call.get("kwargs", {}).items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise ReplayError(f"{pkg.api}: keyword {k!r} is not an identifier")
+        args.append(f"{k}={render_value(v, names)}")
+    call = f"{func}({', '.join(args)})"
+    if not backward:
+        body.append("    with torch.no_grad():")
+        body.append(f"        output = {call}")
+        body.append("    result = flatten(output)")
+    else:
+        leaves = [k for k in pkgmod.tensor_refs(pkg.call) if pkg.tensors[k].requires_grad]
+        if not leaves:
+            raise ReplayError(f"{pkg.api}: no input requires grad; nothing to differentiate")
+        body.append(f"    output = {call}")
+        body.append("    outs = flatten(output)")
+        body.append("    grads = {")
+        for gkey in pkg.keys("backward_input"):
+            info = pkg.tensors[gkey]
+            body.append(f"        {('output' + gkey[len('backward_input'):])!r}: "
+                        f"load({gkey!r}, {info.dtype!r}, device, cast),")
+        body.append("    }")
+        body.append("    pairs = [(outs[k], g.to(outs[k].dtype)) for k, g in grads.items() "
+                    "if k in outs and outs[k].requires_grad]")
+        body.append(f"    leaves = [{', '.join(_var(k) + '_leaf' for k in leaves)}]")
+        body.append("    produced = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs], "
+                    "allow_unused=True)")
+        body.append("    result = {k: v.detach() for k, v in outs.items()}")
+        body.append(f"    for key, g in zip({[ 'backward_output' + k[len('input'):] for k in leaves]!r}, produced):")
+        body.append("        if g is not None:")
+        body.append("            result[key] = g")
+    what = f" ({pkg.meta['reason']})" if isinstance(pkg.meta.get("reason"), str) and \
+        re.fullmatch(r"[\w -]+", pkg.meta["reason"]) else ""
+    stack = ""
+    frames = [f for f in pkg.stack[:5] if isinstance(f, list) and len(f) >= 3]
+    if frames:
+        stack = "# recorded at (innermost first):\n" + "\n".join(
+            "#   " + " ".join(str(x) for x in f[:3]).replace("\n", " ")[:160] for f in frames) + "\n"
+    return _TEMPLATE.format(
+        api=pkg.api, what=what, script_name=script_name, package_dir=pkg.path, stack_comment=stack,
+        body="\n".join(body), expected={k: pkg.tensors[k].dtype for k in pkg.expected_keys},
+    )
+
+
+def write_script(package_dir: str, out_path: str) -> str:
+    """Write the standalone script of the package in ``package_dir`` to ``out_path``; returns the path."""
+    pkg = pkgmod.load_package(package_dir)
+    text = script_text(pkg, os.path.basename(out_path))
+    with open(out_path, "w") as fh:
+        fh.write(text)
+    return out_path

@@ -1,0 +1,87 @@
+"""What a sink keeps of a live call so that it can be packaged later (after the call, or in backward)."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from pytest_ptdbg.replay import package as pkgmod
+
+
+class CallSnapshot:
+    """A call's inputs as they were when it started.
+
+    ``copy=True`` copies every input; ``copy=None`` (default) copies what an in-place call
+    overwrites (its first argument and an ``out=`` tensor) and keeps the other inputs as detached
+    references, remembering their version counters so that a later in-place change (before a
+    backward package is written) is noticed. The call spec is encoded when written.
+    """
+
+    __slots__ = ("api_type", "api_name", "index", "args", "kwargs", "inputs", "requires_grad", "versions",
+                 "stack", "ctx")
+
+    def __init__(self, call: Any, copy: Optional[bool] = None) -> None:
+        self.api_type, self.api_name, self.index = call.api_type, call.api_name, call.index
+        self.args, self.kwargs = tuple(call.args), dict(call.kwargs)
+        self.inputs: Dict[str, Any] = {}
+        self.requires_grad: Dict[str, bool] = {}
+        self.versions: Dict[str, int] = {}
+        out_key = None
+        if call.inplace and "out" in call.kwargs:
+            out_key = f"input.{len(call.args) + list(call.kwargs).index('out')}"
+        for key, t in pkgmod.flatten_inputs(call.args, call.kwargs):
+            self.requires_grad[key] = bool(t.requires_grad)
+            d = t.detach()
+            if copy or (copy is None and call.inplace and (
+                    key == "input.0" or key.startswith("input.0.") or key == out_key)):
+                d = d.clone()
+            self.inputs[key] = d
+            self.versions[key] = d._version
+        self.stack = call.stack
+        self.ctx = call.ctx
+
+    def modified(self) -> List[str]:
+        """Input keys changed in place since the snapshot."""
+        return [k for k, t in self.inputs.items() if t._version != self.versions[k]]
+
+    def key(self, direction: str) -> str:
+        from pytest_ptdbg.dump import records
+
+        return records.api_key(self.api_type, self.api_name, self.index, direction)
+
+    def write(self, out_dir: str, direction: str, output: Any = None,
+              backward_input: Optional[Dict[str, Any]] = None,
+              backward_output: Optional[Dict[str, Any]] = None, meta: Optional[dict] = None) -> pkgmod.Package:
+        """Write the package of this call (``direction``: which API key it reproduces)."""
+        tensors: Dict[str, Any] = dict(self.inputs)
+        if output is not None:
+            tensors.update(dict(pkgmod.flatten_output(output)))
+        for io, grads in (("backward_input", backward_input), ("backward_output", backward_output)):
+            for idx, g in (grads or {}).items():
+                if g is not None:
+                    tensors[f"{io}.{idx}"] = g
+        meta = dict(meta or {})
+        if self.ctx:
+            meta.setdefault("ctx", self.ctx)
+        changed = self.modified()
+        if changed:
+            meta["inputs_modified_after_call"] = changed
+        spec = pkgmod.encode_call(self.args, self.kwargs)
+        return pkgmod.write_package(out_dir, self.key(direction), spec, tensors, self.requires_grad,
+                                    self.stack, meta)
+
+
+def index_str(index: Tuple[int, ...]) -> str:
+    """``(1, 0)`` -> ``"1.0"``."""
+    return ".".join(str(i) for i in index)
+
+
+def device_of(snapshot: CallSnapshot) -> str:
+    """The device the call ran on (its first tensor input's), ``cpu`` without tensors."""
+    for t in snapshot.inputs.values():
+        return str(t.device)
+    return "cpu"
+
+
+def base_meta(reason: str, device: str) -> dict:
+    import torch
+
+    return {"reason": reason, "device": device, "torch": torch.__version__}

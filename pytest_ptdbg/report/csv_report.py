@@ -1,0 +1,93 @@
+"""``compare_result_{timestamp}.csv``: exactly ptdbg's columns, one row per tensor pair.
+
+Full compare (tensors were compared)::
+
+    NPU Name, Bench Name, NPU Tensor Dtype, Bench Tensor Dtype, NPU Tensor Shape,
+    Bench Tensor Shape, Cosine, MaxAbsErr, MaxRelativeErr, One Thousandth Err Ratio,
+    Five Thousandths Err Ratio, NPU max, NPU min, NPU mean, NPU l2norm, Bench max, Bench min,
+    Bench mean, Bench l2norm, Accuracy Reached or Not, Err_message [, NPU_Stack_Info]
+
+Summary compare (statistics only; the table has ``Max diff``) replaces the five metric columns
+by ``Max diff, Min diff, Mean diff, L2norm diff``. The table's underscore columns are never
+written. Column names are ptdbg's, unchanged, so existing scripts keep working; note that
+"One Thousandth Err Ratio" and "Five Thousandths Err Ratio" are *pass fractions* (share of
+elements with relative error below 0.001 / 0.005; 1.0 is good) - the advisor file and the HTML
+report say so beside the results.
+
+``NPU_Stack_Info`` (``stack_mode=True``) is filled on the first row of each API and left empty
+on its other rows, on one line per cell (frames joined by `` | ``), so that the advisor's
+``Line:`` is both the spreadsheet row and the text line of that row.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, List, Optional, Sequence
+
+import pandas as pd
+
+BASE_COLUMNS = ["NPU Name", "Bench Name", "NPU Tensor Dtype", "Bench Tensor Dtype",
+                "NPU Tensor Shape", "Bench Tensor Shape"]
+METRIC_COLUMNS = ["Cosine", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
+                  "Five Thousandths Err Ratio"]
+SUMMARY_COLUMNS = ["Max diff", "Min diff", "Mean diff", "L2norm diff"]
+STAT_COLUMNS = ["NPU max", "NPU min", "NPU mean", "NPU l2norm",
+                "Bench max", "Bench min", "Bench mean", "Bench l2norm"]
+VERDICT_COLUMNS = ["Accuracy Reached or Not", "Err_message"]
+STACK_COLUMN = "NPU_Stack_Info"
+#: how a missing value (NaN) is written: ptdbg's "N/A" (pandas reads it back as NaN)
+NA = "N/A"
+
+
+def is_summary(table: pd.DataFrame) -> bool:
+    """Whether the table is a summary (statistics-only) compare."""
+    return "Max diff" in table.columns
+
+
+def csv_columns(summary: bool, stack_mode: bool) -> List[str]:
+    """ptdbg's column list for a full or summary compare, with or without the stack column."""
+    cols = BASE_COLUMNS + (SUMMARY_COLUMNS if summary else METRIC_COLUMNS) + STAT_COLUMNS + VERDICT_COLUMNS
+    return cols + [STACK_COLUMN] if stack_mode else cols
+
+
+def format_stack_cell(stack: Optional[Sequence[Any]]) -> str:
+    """One line: ``File "a.py", line 3, in f: code | File ...`` (innermost frame first)."""
+    if not isinstance(stack, (list, tuple)) or not stack:
+        return ""
+    parts = []
+    for f in stack:
+        if isinstance(f, (list, tuple)) and len(f) >= 3:
+            code = str(f[3]).strip().replace("\n", " ") if len(f) > 3 and f[3] else ""
+            parts.append(f'File "{f[0]}", line {f[1]}, in {f[2]}' + (f": {code}" if code else ""))
+    return " | ".join(parts)
+
+
+def csv_frame(table: pd.DataFrame, stack_mode: bool = False) -> pd.DataFrame:
+    """The table as it is written: ptdbg's columns only, in order (raises naming missing ones)."""
+    cols = csv_columns(is_summary(table), False)
+    missing = [c for c in cols if c not in table.columns]
+    if missing:
+        raise ValueError(f"compare table lacks the CSV column(s) {missing}")
+    out = table.loc[:, cols].copy()
+    if stack_mode:
+        cells = [""] * len(table)
+        if "_stack" in table.columns:
+            keys = table["_api"].astype(str).tolist() if "_api" in table.columns else [None] * len(table)
+            stacks = table["_stack"].tolist()
+            seen = set()
+            for i, (k, st) in enumerate(zip(keys, stacks)):
+                if k not in seen or k is None:
+                    cell = format_stack_cell(st)
+                    if cell:
+                        cells[i] = cell
+                        seen.add(k)
+        out[STACK_COLUMN] = cells
+    return out
+
+
+def write_csv(table: pd.DataFrame, path: str, stack_mode: bool = False) -> str:
+    """Write the compare table to ``path`` with exactly ptdbg's columns; returns ``path``."""
+    frame = csv_frame(table, stack_mode)
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    frame.to_csv(path, index=False, na_rep=NA, encoding="utf-8", lineterminator="\n")
+    return path

@@ -1,0 +1,265 @@
+"""A self-contained HTML report: suspects first, then error along execution order, then rows.
+
+No network and no JavaScript: styles and the SVG plots (:mod:`.svg_plot`) are inline; stacks
+fold with ``<details>``; hovering a point shows the API (SVG ``<title>``).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+from html import escape
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+
+from pytest_ptdbg.advise import advice_text as at
+from pytest_ptdbg.advise.advisor import MIN_GROWTH, PASS_FRACTION_NOTE, Advice, Suspect, _bool
+from pytest_ptdbg.report import csv_report
+from pytest_ptdbg.report.svg_plot import Mark, PlotData, Series, error_plot
+
+MAX_FAILING_ROWS = 300
+
+_CSS = """
+:root{--fg:#0f172a;--muted:#64748b;--line:#e2e8f0;--bad:#b91c1c;--good:#15803d;--card:#f8fafc}
+*{box-sizing:border-box}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);margin:0;background:#fff}
+main{max-width:1240px;margin:0 auto;padding:20px 28px 48px}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 10px;border-bottom:1px solid var(--line);padding-bottom:4px}
+.muted{color:var(--muted)} .small{font-size:12px}
+.banner{border-radius:8px;padding:12px 16px;margin:14px 0;font-size:15px}
+.banner.bad{background:#fef2f2;border:1px solid #fecaca;color:#7f1d1d}
+.banner.good{background:#f0fdf4;border:1px solid #bbf7d0;color:#14532d}
+.chips{display:flex;flex-wrap:wrap;gap:8px;margin:8px 0 4px}
+.chip{background:var(--card);border:1px solid var(--line);border-radius:999px;padding:3px 11px;font-size:13px}
+.chip b{font-variant-numeric:tabular-nums}
+.card{border:1px solid var(--line);border-left:5px solid #94a3b8;border-radius:8px;padding:12px 16px;margin:10px 0;background:#fff}
+.card.own{border-left-color:#dc2626} .card.nonfinite{border-left-color:#7f1d1d}
+.card.unpaired{border-left-color:#d97706} .card.inherited{border-left-color:#94a3b8}
+.card h3{margin:0 0 6px;font-size:15px;font-family:ui-monospace,SFMono-Regular,Menlo,monospace;word-break:break-all}
+.badge{display:inline-block;font:600 11px system-ui,sans-serif;text-transform:uppercase;letter-spacing:.03em;border-radius:4px;padding:1px 6px;margin-left:6px;vertical-align:2px}
+.b-own{background:#fee2e2;color:#991b1b} .b-nonfinite{background:#7f1d1d;color:#fff}
+.b-unpaired{background:#fef3c7;color:#92400e} .b-inherited{background:#e2e8f0;color:#334155}
+.b-dir{background:#e0e7ff;color:#3730a3} .b-cat{background:#ecfeff;color:#155e75}
+.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:6px 0}
+.facts dt{color:var(--muted)} .facts dd{margin:0}
+.mono,code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12.5px}
+pre{background:var(--card);border:1px solid var(--line);border-radius:6px;padding:8px 10px;overflow-x:auto;margin:6px 0 0}
+details summary{cursor:pointer;color:#1d4ed8;margin-top:6px}
+.advice{margin:8px 0 0;padding:8px 12px;background:#fffbeb;border-radius:6px;border:1px solid #fde68a}
+table.rows{border-collapse:collapse;width:100%;font-size:12.5px}
+table.rows th,table.rows td{border-bottom:1px solid var(--line);padding:4px 6px;text-align:left;vertical-align:top}
+table.rows th{background:var(--card);position:sticky;top:0}
+table.rows td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums;font-family:ui-monospace,monospace}
+table.rows td.name{font-family:ui-monospace,monospace;word-break:break-all}
+.plot{display:block;margin:6px 0 14px;border:1px solid var(--line);border-radius:8px;background:#fff}
+.plot .grid{stroke:#eef2f7} .plot .tick{font-size:11px;fill:#64748b}
+.plot .axis{font-size:12px;fill:#475569} .plot .ptitle{font-size:14px;font-weight:600;fill:#0f172a}
+.plot .legend{font-size:12px;fill:#334155} .plot .mark{font-size:12px;font-weight:600}
+.plot .hover{fill:transparent} .plot .hover:hover{fill:#0f172a;fill-opacity:.06}
+.plot .muted{fill:#94a3b8}
+footer{margin-top:30px;color:var(--muted);font-size:12px}
+"""
+
+
+def _num(col: pd.Series) -> np.ndarray:
+    return pd.to_numeric(col, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+
+
+def api_series(table: pd.DataFrame, direction: str, optimizer: Optional[bool] = None
+               ) -> Tuple[List[str], np.ndarray, np.ndarray, np.ndarray]:
+    """Per API of ``direction`` (NPU side, execution order): names, 1-cosine, relative error, failing.
+
+    ``optimizer``: True keeps only calls made inside ``Optimizer.step``, False leaves them out,
+    None keeps all. Each value is the largest over the API's output tensors; NaN when none was
+    compared, inf when NaN/Inf positions differ.
+    """
+    t = table.reset_index(drop=True)
+    sel = (t["_direction"].astype(str) == direction).to_numpy()
+    if optimizer is not None and "_ctx" in t.columns:
+        in_opt = (t["_ctx"].fillna("").astype(str) == "optimizer").to_numpy()
+        sel = sel & (in_opt if optimizer else ~in_opt)
+    if "NPU Name" in t.columns:
+        npu = t["NPU Name"].fillna("").astype(str).str.len().to_numpy() > 0
+        sel = sel & (npu | _bool(t["_paired"], False))
+    t = t.loc[sel]
+    if t.empty:
+        return [], np.array([]), np.array([]), np.array([], dtype=bool)
+    paired = _bool(t["_paired"], False)
+    out = (t["_io"].astype(str) == "output").to_numpy() & paired
+    cos = _num(t["Cosine"]) if "Cosine" in t.columns else np.full(len(t), np.nan)
+    one_minus = np.where(out, np.clip(1.0 - cos, 0.0, None), np.nan)
+    rel = np.where(out, np.abs(_num(t["_rel_l2"])), np.nan)
+    nanm = _bool(t["_nan_mismatch"], False) & out
+    one_minus = np.where(nanm, np.inf, one_minus)
+    rel = np.where(nanm, np.inf, rel)
+    fail = out & ~_bool(t["_passed"], True)
+    frame = pd.DataFrame({"api": t["_api"].astype(str).to_numpy(),
+                          "order": pd.to_numeric(t["_order"], errors="coerce").to_numpy(),
+                          "c": one_minus, "r": rel, "f": fail})
+    g = frame.groupby("api", sort=False).agg(order=("order", "min"), c=("c", "max"),
+                                              r=("r", "max"), f=("f", "any"))
+    g = g.sort_values("order", kind="stable")
+    return list(g.index), g["c"].to_numpy(float), g["r"].to_numpy(float), g["f"].to_numpy(bool)
+
+
+def _plot(table: pd.DataFrame, advice: Advice, direction: str, optimizer: bool = False) -> str:
+    names, c, r, f = api_series(table, direction, optimizer)
+    if optimizer and not names:
+        return ""
+    pos = {n: i for i, n in enumerate(names)}
+    marks: List[Mark] = []
+    for k, s in enumerate(advice.root_causes, 1):
+        if s.direction == direction and s.api in pos and len(marks) < 3:
+            colour = "#b91c1c" if k == 1 else "#9333ea"
+            marks.append(Mark(pos[s.api], f"#{k} {s.api}", colour))
+    series = [Series("1 \u2212 cosine", list(c)), Series("relative error (L2)", list(r))]
+    if "Cosine" not in table.columns or not np.isfinite(c).any():  # summary compare: no cosine
+        series = series[1:]
+    first = advice.first
+    shade = pos.get(first.api) if first is not None and first.direction == direction else None
+    data = PlotData(names=names, series=series, failing=list(f), marks=marks, shade_from=shade)
+    if optimizer:
+        return error_plot(data, "Optimizer step: error of each call's outputs vs the bench",
+                          x_label="optimizer API call, in execution order")
+    return error_plot(data, f"{direction.capitalize()}: error of each call's outputs vs the bench",
+                      x_label=f"{direction} API call, in execution order")
+
+
+def _chip(label: str, value: object) -> str:
+    return f'<span class="chip">{escape(label)} <b>{escape(str(value))}</b></span>'
+
+
+def _suspect_card(rank: int, s: Suspect) -> str:
+    kind_label = {"own": "own error", "nonfinite": "NaN/Inf appears", "unpaired":
+                  f"only on {s.side or 'one'} side", "inherited": "inherited"}[s.kind]
+    facts = [("where", f'<span class="mono">{escape(s.location)}</span>'),
+             ("CSV line", str(s.csv_line))]
+    if s.kind != "unpaired":
+        facts.insert(0, ("error", f"{escape(at.fmt_err(s.input_error))} in \u2192 "
+                                  f"<b>{escape(at.fmt_err(s.output_error))}</b> out "
+                                  f"({escape(s.growth_text)})"))
+    if s.ctx:
+        facts.append(("context", escape(s.ctx)))
+    dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
+    stack = at.format_stack(s.stack)
+    st = (f"<details><summary>call stack ({len(s.stack or [])} frames)</summary>"
+          f"<pre>{escape(stack)}</pre></details>") if stack else ""
+    return (f'<div class="card {s.kind}"><h3>#{rank} {escape(s.api)}'
+            f'<span class="badge b-{s.kind}">{escape(kind_label)}</span>'
+            f'<span class="badge b-dir">{escape(s.direction)}</span>'
+            f'<span class="badge b-cat">{escape(s.category)}</span></h3>'
+            f'<dl class="facts">{dl}</dl><div class="advice">{escape(s.advice)}</div>{st}</div>')
+
+
+def _fmt_cell(v: object) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "N/A"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _failing_rows(table: pd.DataFrame) -> str:
+    t = table.reset_index(drop=True)
+    bad = np.flatnonzero(_bool(t["_paired"], False) & ~_bool(t["_passed"], True))
+    if len(bad) == 0:
+        return '<p class="muted">No row fails.</p>'
+    metric = (csv_report.SUMMARY_COLUMNS if csv_report.is_summary(t) else csv_report.METRIC_COLUMNS)
+    cols = ["NPU Name", "Bench Name"] + [c for c in metric if c in t.columns] + ["Err_message"]
+    head = "".join(f"<th>{escape(c)}{' (pass fraction)' if 'Thousandth' in c else ''}</th>"
+                   for c in ["line"] + cols)
+    body = []
+    for i in bad[:MAX_FAILING_ROWS]:
+        cells = [f'<td class="num">{i + 2}</td>']
+        for c in cols:
+            v = t.at[i, c] if c in t.columns else ""
+            cls = "name" if "Name" in c else ("" if c == "Err_message" else "num")
+            cells.append(f'<td class="{cls}">{escape(_fmt_cell(v))}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    more = (f'<p class="muted">... and {len(bad) - MAX_FAILING_ROWS} more failing rows in the CSV.</p>'
+            if len(bad) > MAX_FAILING_ROWS else "")
+    return f'<table class="rows"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>{more}'
+
+
+def render_html(table: pd.DataFrame, advice: Advice, title: str = "pytest-ptdbg compare report",
+                sources: Optional[Dict[str, str]] = None) -> str:
+    """The report's HTML text."""
+    first = advice.first
+    if first is None and advice.n_compared == 0:
+        banner = ('<div class="banner bad"><b>Nothing was compared.</b> No tensor of the NPU dump '
+                  "has a partner in the bench dump: check the paths, the dump mode and the step.</div>")
+    elif first is None:
+        banner = ('<div class="banner good"><b>Everything agrees.</b> Every compared tensor matches '
+                  "the bench under the verdict rule; no API lost precision.</div>")
+    else:
+        what = {"own": "loses precision here", "nonfinite": "first produces NaN/Inf",
+                "unpaired": "exists on one side only", "inherited": "already receives differing inputs"}[first.kind]
+        banner = (f'<div class="banner bad"><b>First suspect:</b> <span class="mono">'
+                  f"{escape(first.api)}</span> {what} ({escape(first.category)}); "
+                  f'at <span class="mono">{escape(first.location)}</span>.</div>')
+    chips = "".join([
+        _chip("tensor rows", advice.n_rows), _chip("compared", advice.n_compared),
+        _chip("failing", advice.n_failed), _chip("suspects", len(advice.root_causes)),
+        _chip("inherited", advice.n_inherited), _chip("unpaired calls", advice.n_unpaired),
+        _chip("mode", "summary (statistics)" if csv_report.is_summary(table) else "full tensors"),
+    ])
+    src = ""
+    if sources:
+        src = "".join(f'<div class="small muted">{escape(k)}: <span class="mono">{escape(v)}</span></div>'
+                      for k, v in sources.items())
+    roots = advice.root_causes
+    cards = "".join(_suspect_card(i, s) for i, s in enumerate(roots, 1)) or \
+        '<p class="muted">No suspect.</p>'
+    inh = [s for s in advice.suspects if s.kind == "inherited"]
+    inh_html = ""
+    if inh:
+        rows = "".join(
+            f'<tr><td class="name">{escape(s.api)}</td><td class="num">{s.csv_line}</td>'
+            f'<td class="num">{escape(at.fmt_err(s.input_error))}</td>'
+            f'<td class="num">{escape(at.fmt_err(s.output_error))}</td>'
+            f'<td class="num">{escape(s.growth_text)}</td>'
+            f'<td class="mono">{escape(s.location)}</td></tr>' for s in inh)
+        more = advice.n_inherited - len(inh)
+        inh_html = (
+            "<h2>Inherited errors</h2><p class=\"muted\">These calls fail only because their inputs "
+            "already differ; their own error growth is small. Not root causes.</p>"
+            '<table class="rows"><thead><tr><th>API</th><th>line</th><th>input error</th>'
+            "<th>output error</th><th>growth</th><th>where</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>"
+            + (f'<p class="muted">... and {more} more.</p>' if more > 0 else ""))
+    plots = (_plot(table, advice, "forward") + _plot(table, advice, "backward")
+             + _plot(table, advice, "forward", optimizer=True))
+    now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{escape(title)}</title><style>{_CSS}</style></head>
+<body><main>
+<h1>{escape(title)}</h1><div class="small muted">generated {now} by pytest-ptdbg</div>{src}
+{banner}<div class="chips">{chips}</div>
+<h2>Suspects, most likely root cause first</h2>{cards}
+<h2>Where the two runs part</h2>
+<p class="muted small">Each point is one API call, in execution order; the value is the largest error
+among its outputs (1 &minus; cosine and relative L2 error, log scale). Red rings fail the verdict,
+dashed lines mark the suspects, triangles on the top edge are NaN/Inf that the bench does not have.
+Hover a point for its name.</p>
+{plots}
+{inh_html}
+<h2>Failing rows</h2>{_failing_rows(table)}
+<footer><p>{escape(PASS_FRACTION_NOTE)}</p>
+<p>An API's error is the largest of 1 &minus; cosine and the relative L2 error over its tensors; its
+growth is output error / input error (backward: the incoming gradient and the forward tensors of the
+same call count as inputs). "Own error" needs a failing output and growth &ge; {MIN_GROWTH:g}.</p></footer>
+</main></body></html>
+"""
+
+
+def write_html(table: pd.DataFrame, advice: Advice, path: str,
+               title: str = "pytest-ptdbg compare report",
+               sources: Optional[Dict[str, str]] = None) -> str:
+    """Write the self-contained HTML report to ``path``; returns ``path``."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(render_html(table, advice, title, sources))
+    return path

@@ -1,0 +1,213 @@
+"""The advisor on real dumps of a real model: a fault planted in ONE API call must be named.
+
+Both runs train the example MLP for one step (forward, loss, backward, SGD step) under
+PrecisionDebugger (statistics + full tensors). The "NPU" run gets relative 1e-6 noise on every
+weight, so every API differs slightly from the bench, plus one planted fault:
+
+* forward: the 2nd ``F.linear`` call (fc2) returns its output times (1 + 1e-2 z);
+* backward: the gradient flowing back through the 1st ``F.gelu`` call is scaled by (1 + 1e-2 z)
+  inside the call, so only the gradient it *produces* is wrong;
+* NaN: the 2nd ``F.linear`` call puts one NaN in its output.
+
+The faulty function replaces ``F.linear`` / ``F.gelu`` while the step runs and takes part in
+``__torch_function__`` dispatch, so capture records it as that one API call (its extra
+arithmetic runs inside the call and is not recorded). The comparison uses the dtype-aware rule:
+ptdbg's default rule passes a 1e-2 relative error (cosine 0.99995).
+"""
+import os
+
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from example_models import mlp, train_step  # noqa: E402
+from pytest_ptdbg import PrecisionDebugger, compare  # noqa: E402
+from pytest_ptdbg.advise import advice_text as at  # noqa: E402
+
+NOISE = 1e-6
+FAULT = 1e-2
+
+
+def _faulty(orig, name, call_index, change):
+    """``orig`` with ``change(output)`` applied inside its ``call_index``-th call only."""
+    state = {"n": 0}
+
+    def fn(*args, **kwargs):
+        ts = tuple(a for a in args if isinstance(a, torch.Tensor))
+        if torch.overrides.has_torch_function(ts):
+            return torch.overrides.handle_torch_function(fn, ts, *args, **kwargs)
+        k = state["n"]
+        state["n"] += 1
+        out = orig(*args, **kwargs)
+        return change(out) if k == call_index else out
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__module__ = "torch.nn.functional"
+    return fn
+
+
+def _pattern(shape):
+    return 1 + FAULT * torch.randn(shape, generator=torch.Generator().manual_seed(7))
+
+
+def _perturb(y):
+    return y * _pattern(y.shape)
+
+
+def _put_nan(y):
+    y = y.clone()
+    y.view(-1)[5] = float("nan")
+    return y
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by a fixed random pattern."""
+
+    @staticmethod
+    def forward(ctx, y):
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, g):
+        with torch._C.DisableTorchFunction():  # not an API call of the model
+            return g * _pattern(g.shape)
+
+
+FAULTS = {
+    "forward": ("linear", 1, _perturb),
+    "backward": ("gelu", 0, _ScaleGrad.apply),
+    "nan": ("linear", 1, _put_nan),
+}
+
+
+def _add_noise(model, rel):
+    g = torch.Generator().manual_seed(123)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1 + rel * torch.randn(p.shape, generator=g))
+
+
+def _dump(path, fault=None, noise=0.0):
+    """One training step of the MLP, dumped; returns the rank folder."""
+    model, batch = mlp(seed=0)
+    if noise:
+        _add_noise(model, noise)
+    saved = None
+    if fault:
+        name, k, change = FAULTS[fault]
+        saved = getattr(F, name)
+        setattr(F, name, _faulty(saved, name, k, change))
+    try:
+        dbg = PrecisionDebugger(dump_path=str(path), step=[0])
+        dbg.configure_hook(mode="api_stack")
+        dbg.start()
+        try:
+            train_step(model, batch)
+        finally:
+            dbg.stop()
+    finally:
+        if saved is not None:
+            setattr(F, FAULTS[fault][0], saved)
+    return os.path.join(str(path), "ptdbg_dump_v4.0", "step0", "rank0")
+
+
+def _compare(npu, bench, out, rule="dtype"):
+    return compare({"npu_pkl_path": npu, "bench_pkl_path": bench, "is_print_compare_log": False},
+                   str(out), stack_mode=True, rule=rule)
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    return _dump(tmp_path_factory.mktemp("bench"))
+
+
+@pytest.mark.parametrize("fault, api, kind", [
+    ("forward", "Functional_linear_1_forward", "own"),
+    ("backward", "Functional_gelu_0_backward", "own"),
+    ("nan", "Functional_linear_1_forward", "nonfinite"),
+])
+def test_planted_fault_is_the_first_suspect_despite_parameter_noise(bench, tmp_path, fault, api, kind):
+    npu = _dump(tmp_path / "npu", fault=fault, noise=NOISE)
+    res = _compare(npu, bench, tmp_path / "out")
+    t = res.table
+    # the noise really makes the runs differ everywhere: every weight, and the first layer's output
+    weights = t[t["NPU Name"].str.match(r"Functional_linear_\d_forward_input\.1$")]
+    assert len(weights) == 3 and (weights["_rel_l2"] > NOISE / 10).all()
+    assert t.loc[t["NPU Name"] == "Functional_linear_0_forward_output.0", "_rel_l2"].iloc[0] > 0
+    # ... and many rows fail downstream of the fault: the first failing row is not enough
+    assert (~t["_passed"]).sum() > 5
+
+    adv = res.advice
+    first = adv.first
+    assert first is not None and first.api == api and first.kind == kind
+    assert [s.api for s in adv.root_causes] == [api]  # exactly that call, nothing else
+    assert adv.n_inherited >= 2  # the calls after it fail too, and are explained as inherited
+    if kind == "own":
+        assert first.growth > 100 and first.input_error < 1e-4
+        assert 3e-3 < first.output_error < 3e-2
+    else:
+        assert first.category == at.NONFINITE
+    assert t.iloc[first.csv_line - 2]["_api"] == api  # Line: points at that API's row
+    assert first.stack and os.path.basename(__file__) in first.location + at.format_stack(first.stack)
+
+    text = open(res.advisor_path, encoding="utf-8").read().splitlines()
+    assert text[0] == f"Line: {first.csv_line}" and text[1] == f"Suspect Nodes: {api}"
+    html = open(res.html_path, encoding="utf-8").read()
+    assert api in html and "<svg" in html
+    csv = pd.read_csv(res.csv_path)
+    assert csv.loc[first.csv_line - 2, "NPU Name"].startswith(api)
+    if fault == "nan":  # statistics alone (summary compare) find where NaN first appears too
+        summ = compare({"npu_pkl_path": npu, "bench_pkl_path": bench, "is_print_compare_log": False},
+                       str(tmp_path / "summary"), summary_compare=True)
+        assert summ.summary_compare and summ.advice.first.api == api
+        assert summ.advice.first.kind == "nonfinite"
+
+
+def test_clean_pair_reports_no_suspect(bench, tmp_path):
+    npu = _dump(tmp_path / "npu")
+    res = _compare(npu, bench, tmp_path / "out")
+    adv = res.advice
+    assert adv.first is None and adv.suspects == [] and adv.all_agree
+    assert adv.n_compared > 40 and adv.n_failed == 0
+    lines = open(res.advisor_path, encoding="utf-8").read().splitlines()
+    assert lines[:2] == ["Line: None", "Suspect Nodes: None"]
+
+
+def test_noise_alone_is_no_root_cause(bench, tmp_path):
+    npu = _dump(tmp_path / "npu", noise=NOISE)
+    res = _compare(npu, bench, tmp_path / "out")
+    assert (res.table["_rel_l2"].fillna(0) > 0).sum() > 20  # the runs do differ
+    assert res.advice.root_causes == []
+
+
+def test_half_precision_softmax_in_one_gpt_layer_is_traced_to_that_layer(tmp_path):
+    """tiny GPT, layer 1 computes softmax in float16 without max subtraction (the example fault).
+
+    The calls in float16 pass float16's tolerance, the float32 calls after them fail with error
+    they only received: the advisor must trace it back into layer 1's softmax, in float16.
+    """
+    from example_models import tiny_gpt
+
+    def run(path, faulty):
+        model, batch = tiny_gpt(seed=0, batch_size=2, seq_len=8, faulty_softmax=faulty)
+        dbg = PrecisionDebugger(dump_path=str(path), step=[0])
+        dbg.configure_hook(mode="api_stack")
+        torch.manual_seed(0)  # same dropout masks
+        dbg.start()
+        try:
+            train_step(model, batch)
+        finally:
+            dbg.stop()
+        return os.path.join(str(path), "ptdbg_dump_v4.0", "step0", "rank0")
+
+    res = _compare(run(tmp_path / "npu", True), run(tmp_path / "bench", False), tmp_path / "out")
+    first = res.advice.first
+    assert first.kind == "own" and first.category == at.LOW_PRECISION
+    assert "torch.float16" in set(res.table.loc[res.table["_api"] == first.api, "NPU Tensor Dtype"])
+    assert "in softmax" in first.location  # CausalSelfAttention.softmax
+    # layer 1, not layer 0: the first softmax's calls agree with the bench
+    layer0 = res.table[res.table["_api"] == "Tensor_exp_0_forward"]
+    assert layer0["_passed"].all() and (layer0["_rel_l2"] < 1e-6).all()
+    assert res.advice.n_inherited > 10

@@ -1,0 +1,69 @@
+"""The ptdbg console command end to end (in a subprocess: start-up and imports as a user gets them)."""
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from pytest_ptdbg import cli
+from pytest_ptdbg.dump import records
+
+import dumps
+
+
+def run(*args, check_no_torch=False):
+    code = ("import sys; from pytest_ptdbg.cli import main; rc = main(sys.argv[1:]); "
+            + ("assert 'torch' not in sys.modules, 'torch imported'; " if check_no_torch else "")
+            + "sys.exit(rc)")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    dumps.write_dump(str(root / "npu"), dumps.mlp_apis(noise=1e-6))
+    dumps.write_dump(str(root / "bad"), dumps.mlp_apis(fault="forward", fault_scale=0.5))
+    dumps.write_dump(str(root / "bench"), dumps.mlp_apis())
+    return root
+
+
+def test_compare_passes_and_fails_with_exit_status(pair, tmp_path):
+    ok = run("compare", str(pair / "npu"), str(pair / "bench"), "-o", str(tmp_path / "a"), check_no_torch=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "PASSED" in ok.stdout
+    bad = run("compare", str(records.rank_dir(str(pair / "bad"), 0, 0)), str(records.step_dir(str(pair / "bench"), 0)),
+              "-o", str(tmp_path / "b"), "--rule", "dtype", "--stack")
+    assert bad.returncode == 1 and "first suspect: Torch_relu_0_forward" in bad.stdout
+    csv = [f for f in os.listdir(tmp_path / "b") if f.endswith(".csv")]
+    assert "NPU_Stack_Info" in pd.read_csv(tmp_path / "b" / csv[0]).columns
+
+
+def test_summary_compare_never_imports_torch(pair, tmp_path):
+    r = run("compare", str(pair / "bad"), str(pair / "bench"), "-o", str(tmp_path), "--summary", "-q",
+            check_no_torch=True)
+    assert r.returncode in (0, 1), r.stderr
+    csv = [f for f in os.listdir(tmp_path) if f.endswith(".csv")]
+    assert "Max diff" in pd.read_csv(tmp_path / csv[0]).columns
+
+
+def test_parse_and_bad_input(pair):
+    r = run("parse", str(pair / "npu"), "Torch_relu_0_forward", check_no_torch=True)
+    assert r.returncode == 0 and "[Torch_relu_0_forward_output.0][dtype: torch.float32]" in r.stdout
+    r = run("compare", str(pair / "nowhere"), str(pair / "bench"), "-o", str(pair / "x"))
+    assert r.returncode == 2 and "nowhere" in r.stderr
+
+
+def test_registry_lists_lazily_and_skips_missing_modules(capsys):
+    assert {"compare", "parse", "replay", "demo"} <= set(cli.SUBCOMMANDS)
+    cli.register("ghost", "pytest_ptdbg.no_such_module:add_parser", help="not built")
+    try:
+        assert cli.main(["ghost"]) == 2
+        assert "not available" in capsys.readouterr().err
+        with pytest.raises(SystemExit):
+            cli.main(["--help"])
+        assert "ghost" in capsys.readouterr().out
+    finally:
+        del cli.SUBCOMMANDS["ghost"]
+    with pytest.raises(ValueError):
+        cli.register("x", "a:b", kind="other")

@@ -1,0 +1,48 @@
+import os
+
+import pytest
+
+from pytest_ptdbg import compare_distributed
+from pytest_ptdbg.dump import records
+
+import dumps
+
+
+def _ranks(root, faults):
+    for rank, fault in faults.items():
+        dumps.write_dump(root, dumps.mlp_apis(seed=rank, fault=fault, fault_scale=0.5), rank=rank)
+    return records.step_dir(root, 0)
+
+
+def test_two_ranks_one_diverging(tmp_path):
+    npu = _ranks(str(tmp_path / "npu"), {0: None, 1: "backward"})
+    bench = _ranks(str(tmp_path / "bench"), {0: None, 1: None})
+    res = compare_distributed(npu, bench, str(tmp_path / "out"), is_print_compare_log=False)
+    assert list(res.results) == [(0, 0), (1, 1)]
+    assert res.diverging == [(1, 1)] and not res.passed
+    assert res.first_suspect_rank == (1, 1)
+    assert res.results[(1, 1)].first_suspect.api == "Torch_relu_0_backward"
+    names = sorted(os.listdir(tmp_path / "out"))
+    assert any(n.startswith("compare_result_rank0-rank0_") and n.endswith(".csv") for n in names)
+    assert any(n.startswith("advisor_rank1-rank1_") for n in names)
+    assert "Diverging ranks: rank1-rank1" in res.summary and "Torch_relu_0_backward" in res.summary
+    assert open(res.summary_path).read() == res.summary
+
+
+def test_ranks_pair_numerically(tmp_path):
+    npu = _ranks(str(tmp_path / "npu"), {2: None, 10: None})
+    bench = _ranks(str(tmp_path / "bench"), {2: None, 10: None})
+    res = compare_distributed(npu, bench, str(tmp_path / "out"), is_print_compare_log=False)
+    assert list(res.results) == [(2, 2), (10, 10)] and res.passed and res.first_suspect_rank is None
+
+
+def test_mismatched_rank_sets_are_named(tmp_path):
+    npu = _ranks(str(tmp_path / "npu"), {0: None, 1: None})
+    bench = _ranks(str(tmp_path / "bench"), {0: None})
+    with pytest.raises(ValueError, match=r"2 ranks \[0, 1\].*1 ranks \[0\].*only in NPU: \[1\]"):
+        compare_distributed(npu, bench, str(tmp_path / "out"))
+    os.makedirs(os.path.join(bench, "notes"))
+    with pytest.raises(ValueError, match="only rank<N> folders.*notes"):
+        compare_distributed(npu, bench, str(tmp_path / "out"))
+    with pytest.raises(FileNotFoundError, match="missing"):
+        compare_distributed(npu, str(tmp_path / "missing"), str(tmp_path / "out"))

@@ -1,0 +1,65 @@
+"""compare() on real dumps of a real model step (PrecisionDebugger, forward + backward + SGD step)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from example_models import mlp, train_step  # noqa: E402
+from pytest_ptdbg import PrecisionDebugger, compare, parse  # noqa: E402
+from pytest_ptdbg.dump import reader  # noqa: E402
+
+
+def _dump(path, summary_only=False, scale=None):
+    torch.manual_seed(0)
+    model, batch = mlp(seed=0)
+    if scale is not None:
+        with torch.no_grad():
+            model.fc1.weight.add_(scale * torch.randn_like(model.fc1.weight))
+    dbg = PrecisionDebugger(dump_path=str(path), hook_name="dump", step=[0])
+    dbg.configure_hook(mode="api_stack", summary_only=summary_only)
+    dbg.start()
+    train_step(model, batch)
+    dbg.stop()
+    dbg.step()
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    root = tmp_path_factory.mktemp("real")
+    return {"a": _dump(root / "a"), "b": _dump(root / "b"), "stat": _dump(root / "stat", summary_only=True),
+            "scaled": _dump(root / "scaled", scale=0.2)}
+
+
+def test_same_run_twice_agrees(real, tmp_path):
+    r = compare({"npu_pkl_path": real["a"], "bench_pkl_path": real["b"], "is_print_compare_log": False},
+                str(tmp_path), stack_mode=True)
+    t = r.table
+    assert r.passed and r.advice.all_agree and not r.summary_compare and r.problems == []
+    assert t["_paired"].all() and set(t["_direction"]) == {"forward", "backward"}
+    assert (t["_ctx"] == "optimizer").any()
+    compared = t[t["Cosine"].notna()]
+    assert len(compared) > len(t) // 2 and (compared["MaxAbsErr"] == 0).all()
+
+
+def test_statistics_only_dump_gives_summary_compare(real, tmp_path):
+    d = reader.read_dump(real["stat"])
+    assert not d.has_data and d.apis[0].stack
+    r = compare({"npu_pkl_path": real["stat"], "bench_pkl_path": real["a"], "is_print_compare_log": False},
+                str(tmp_path))
+    assert r.summary_compare and r.passed
+    assert (r.table["Max diff"].dropna() == 0).all()
+
+
+def test_changed_weights_are_seen_as_inputs_that_differ(real, tmp_path):
+    r = compare({"npu_pkl_path": real["scaled"], "bench_pkl_path": real["a"], "is_print_compare_log": False},
+                str(tmp_path))
+    t = r.table
+    assert not r.passed
+    first_bad = t[t["Accuracy Reached or Not"] == "No"].iloc[0]
+    assert first_bad["_api"] == "Functional_linear_0_forward" and first_bad["_io"] == "input"
+    assert first_bad["_index"] == "1"                       # the weight of fc1
+
+
+def test_parse_real_dump(real, capsys):
+    found = parse(real["a"], "Functional_linear_0_forward")
+    assert found and "example_models" in capsys.readouterr().out

@@ -1,0 +1,88 @@
+import math
+
+import pytest
+import torch
+
+from pytest_ptdbg.dump.stats import StatsCache, scalar_stats, tensor_stats
+
+
+def test_float_stats_hand_computed():
+    st = tensor_stats(torch.tensor([[3.0, -4.0], [0.0, 1.0]]))
+    assert st.dtype == "torch.float32" and st.shape == (2, 2)
+    assert st.stats == [3.0, -4.0, 0.0, math.sqrt(26.0)]
+    assert (st.nan, st.inf) == (0, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_measured_in_float32(dtype):
+    # 300 * 300 overflows float16 if the square sum were done in float16
+    x = torch.full((4,), 300.0, dtype=dtype)
+    st = tensor_stats(x)
+    assert st.dtype == str(dtype)
+    assert st.stats[3] == pytest.approx(600.0)
+    assert st.stats[2] == pytest.approx(300.0)
+    assert (st.nan, st.inf) == (0, 0)
+
+
+def test_nan_and_inf_are_counted():
+    x = torch.tensor([1.0, float("nan"), float("inf"), float("-inf"), 2.0])
+    st = tensor_stats(x)
+    assert (st.nan, st.inf) == (1, 2)
+    assert math.isnan(st.stats[0]) or math.isinf(st.stats[0])
+
+
+def test_inf_only():
+    st = tensor_stats(torch.tensor([1.0, float("inf")]))
+    assert (st.nan, st.inf) == (0, 1)
+    assert st.stats[0] == math.inf and st.stats[1] == 1.0
+
+
+def test_integer_and_bool_stats():
+    st = tensor_stats(torch.tensor([1, 2, 3, 6], dtype=torch.int32))
+    assert st.stats == [6, 1, 3.0, math.sqrt(1 + 4 + 9 + 36)]
+    assert isinstance(st.stats[0], int)
+    b = tensor_stats(torch.tensor([True, False, True, True]))
+    assert b.dtype == "torch.bool"
+    assert b.stats[:3] == [True, False, 0.75]
+
+
+def test_empty_noncontiguous_and_grad_tensors():
+    assert tensor_stats(torch.empty(0, 3)).stats == []
+    x = torch.arange(12.0).reshape(3, 4).t()  # not contiguous
+    st = tensor_stats(x)
+    assert st.stats[:3] == [11.0, 0.0, 5.5]
+    assert st.stats[3] == pytest.approx(math.sqrt(sum(i * i for i in range(12))), rel=1e-6)  # float32 norm
+    w = torch.ones(3, requires_grad=True) * 2  # has a grad_fn
+    assert tensor_stats(w).stats == [2.0, 2.0, 2.0, math.sqrt(12.0)]
+
+
+def test_large_tensor_matches_float64():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 300, generator=g)
+    st = tensor_stats(x)
+    d = x.double()
+    ref = [d.max().item(), d.min().item(), d.mean().item(), d.norm().item()]
+    assert st.stats[:2] == ref[:2]
+    assert st.stats[2] == pytest.approx(ref[2], abs=1e-6)
+    assert st.stats[3] == pytest.approx(ref[3], rel=1e-6)
+
+
+def test_scalar_stats():
+    assert scalar_stats(2).stats == [2, 2, 2, 2]
+    assert scalar_stats(-1.5).stats == [-1.5, -1.5, -1.5, 1.5]
+    assert scalar_stats(True).dtype == "bool"
+    assert scalar_stats(float("nan")).nan == 1
+    assert scalar_stats("x") is None and scalar_stats(None) is None
+
+
+def test_cache_hits_views_and_misses_after_inplace():
+    c = StatsCache()
+    x = torch.arange(6.0)
+    a = c.stats(x)
+    assert c.stats(x) is a and c.hits == 1
+    assert c.stats(x.view(6)) is a  # another object over the same memory
+    x.add_(1)  # in-place: version changes
+    b = c.stats(x)
+    assert b.stats[0] == 6.0 and c.misses == 2
+    y = x.view(2, 3)  # different shape: its own entry
+    assert c.stats(y).shape == (2, 3)

@@ -1,0 +1,127 @@
+"""The dump writer: record lines, .npy files, hard links, directory replacement, SIGKILL safety."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from pytest_ptdbg.dump import records
+from pytest_ptdbg.dump.stats import TensorStats
+from pytest_ptdbg.dump.writer import RankWriter, record_line, replace_dir, save_npy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("stats, extra", [
+    ([1.5, -2, 3e-20, 4.0], dict(rg=True, ctx="", npy=None, spec=None)),
+    ([float("nan"), float("-inf"), float("inf"), 0.0], dict(rg=None, ctx="optimizer", npy="a.npy", spec=None)),
+    ([True, False, 0.5, 1.0], dict(rg=False, ctx="", npy=None, spec={"args": [{"t": "input.0"}], "kwargs": {}})),
+    ([], dict(rg=None, ctx="", npy=None, spec=None)),
+])
+def test_record_line_is_the_reference_encoding(stats, extra):
+    st = TensorStats("torch.float32", (2, 3), stats, 1, 2)
+    line = record_line("Tensor_add_0_forward_input.0", st, extra["rg"], extra["ctx"], extra["npy"], extra["spec"])
+    ex = {"nan": 1, "inf": 2}
+    if extra["rg"] is not None:
+        ex["rg"] = extra["rg"]
+    if extra["ctx"]:
+        ex["ctx"] = extra["ctx"]
+    if extra["npy"]:
+        ex["npy"] = extra["npy"]
+    if extra["spec"]:
+        ex["call"] = extra["spec"]
+    ref = records.encode_line(records.tensor_record("Tensor_add_0_forward_input.0", "torch.float32", (2, 3), stats, ex))
+    assert line == ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])
+def test_save_npy(tmp_path, dtype):
+    t = (torch.arange(12).reshape(3, 4).t() % 3).to(dtype)  # not contiguous
+    p = str(tmp_path / "x.npy")
+    save_npy(p, t)
+    arr = np.load(p, allow_pickle=False)
+    assert arr.shape == (4, 3)
+    ref = t.float() if dtype == torch.bfloat16 else t
+    assert np.array_equal(arr, ref.numpy())
+    if dtype == torch.bfloat16:
+        assert arr.dtype == np.float32
+
+
+def test_unchanged_tensor_is_hard_linked(tmp_path):
+    w = RankWriter(str(tmp_path / "rank0"), "api_stack", with_data=True)
+    t = torch.randn(5)
+    a = w.save("A_0_forward_output.0", t)
+    b = w.save("B_0_forward_input.0", t)
+    t.add_(1)
+    c = w.save("B_0_forward_output.0", t)
+    w.write("x\n")
+    w.close()
+    st = [os.stat(os.path.join(w.data_dir, n)) for n in (a, b, c)]
+    assert st[0].st_ino == st[1].st_ino != st[2].st_ino
+    assert np.array_equal(np.load(os.path.join(w.data_dir, c)), t.numpy())
+
+
+def test_replace_dir_and_empty_step_cleanup(tmp_path):
+    d = tmp_path / "rank0"
+    d.mkdir()
+    (d / "old.txt").write_text("old")
+    replace_dir(str(d))
+    assert list(d.iterdir()) == [] and sorted(os.listdir(tmp_path)) == ["rank0"]
+    w = RankWriter(str(tmp_path / "step1" / "rank0"), "api_stack", with_data=True)
+    w.prepare()
+    w.close()  # nothing written: nothing left behind
+    assert not (tmp_path / "step1").exists()
+
+
+KILLED = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {root!r})
+    from example_models import mlp
+    from pytest_ptdbg import PrecisionDebugger
+    model, (x, y) = mlp(seed=0)
+    dbg = PrecisionDebugger(dump_path={out!r}, step=[0])
+    dbg.configure_hook(mode="api_stack")
+    dbg.start()
+    print("started", flush=True)
+    while True:
+        model.loss((x, y)).backward()
+""")
+
+
+def test_sigkill_leaves_a_readable_dump(tmp_path):
+    out = str(tmp_path / "dump")
+    proc = subprocess.Popen([sys.executable, "-c", KILLED.format(root=ROOT, out=out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pkl = os.path.join(records.rank_dir(out, 0, 0), "api_stack_dump.pkl")
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if os.path.exists(pkl) and os.path.getsize(pkl) > 200_000:
+                break
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    data = os.path.join(records.rank_dir(out, 0, 0), "api_stack_dump")
+    with open(pkl, "rb") as f:
+        raw = f.read()
+    lines = raw.split(b"\n")
+    complete, tail = lines[:-1], lines[-1]
+    assert len(complete) > 100
+    # lines go out whole in one write; a kill inside a multi-page write could only cut the last one
+    assert tail == b"" or not tail.endswith(b"]")
+    for line in complete:
+        rec = json.loads(line)
+        if not records.is_stack_record(rec):
+            records.parse_name(rec[0])
+            if "npy" in rec[6]:
+                assert os.path.isfile(os.path.join(data, rec[6]["npy"]))

@@ -1,0 +1,338 @@
+"""The pytest plugin end to end, with pytester: pass, fail with the advisor's text, skip on a
+missing device, golden create/compare/missing/stale, option precedence, ini options, keep policy.
+
+Inner sessions run in-process (``runpytest``); the xdist test is in ``test_plugin_xdist.py``.
+"""
+import json
+import os
+import sys
+
+import pytest
+
+from _pytest.pytester import SysModulesSnapshot
+
+pytest_plugins = ["pytester"]
+
+#: an inner test module: a tiny model whose forward returns a scalar loss (default step:
+#: forward + backward), and a model variant with a sign flip in one op (a planted fault)
+MODEL = '''
+import torch
+import torch.nn as nn
+
+class Net(nn.Module):
+    def __init__(self, k=1.0, p=0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 1)
+        self.k = k
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc1(x) * self.k)
+        return self.fc2(self.drop(h)).pow(2).mean()
+
+def make(k=1.0, p=0.0):
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    return Net(k, p), (torch.randn(6, 8, generator=g),)
+
+def train_step(model, batch):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(*batch)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+'''
+
+
+@pytest.fixture
+def tester(request, monkeypatch, tmp_path_factory):
+    """pytester whose in-process runs keep the library modules an inner session imported.
+
+    pytester drops every module imported during an inner run and during the test; torch cannot
+    be imported twice in one process (its native parts register once), so only modules of the
+    inner sessions' own files (under the base temp dir) are dropped. Patched before pytester
+    takes its first snapshot.
+    """
+    root = str(tmp_path_factory.getbasetemp())
+    orig = SysModulesSnapshot.__init__
+
+    def init(self, preserve=None):
+        def keep(name):
+            path = getattr(sys.modules.get(name), "__file__", None) or ""
+            return not path.startswith(root) or bool(preserve and preserve(name))
+        orig(self, preserve=keep)
+
+    monkeypatch.setattr(SysModulesSnapshot, "__init__", init)
+    pytester = request.getfixturevalue("pytester")
+    pytester.makepyfile(netlib=MODEL)
+    pytester.syspathinsert()
+    return pytester
+
+
+def _summary(dump_dir):
+    with open(os.path.join(dump_dir, "ptdbg_summary.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_pass_summary_json_and_junitxml(tester):
+    tester.makepyfile(test_a="""
+        from netlib import make, train_step
+
+        def test_forward_backward(ptdbg_dump):
+            model, batch = make()
+            result = ptdbg_dump(model, batch)
+            assert result.passed and result.first_suspect is None
+            assert len(result.table) > 0 and result.csv_path.endswith(".csv")
+            result.assert_precision()
+
+        def test_train_step_with_dropout(ptdbg_dump):
+            model, batch = make(p=0.5)   # same seeds on both sides: same dropout masks
+            ptdbg_dump(model, batch, step=train_step).assert_precision()
+    """)
+    dump = tester.path / "dumps"
+    res = tester.runpytest(f"--ptdbg-dump-dir={dump}", "--ptdbg-bench=cpu", "--ptdbg-device=cpu",
+                           "--junitxml=out.xml")
+    res.assert_outcomes(passed=2)
+    res.stdout.fnmatch_lines(["*ptdbg precision summary*",
+                              "PASS  test_a.py::test_forward_backward*first suspect: none*",
+                              "*ptdbg: 2 passed; artifacts in*"])
+    doc = _summary(str(dump))
+    assert doc["counts"] == {"passed": 2}
+    assert {t["nodeid"] for t in doc["tests"]} == {"test_a.py::test_forward_backward",
+                                                  "test_a.py::test_train_step_with_dropout"}
+    assert all(t["kept"] is False and t["html"] is None for t in doc["tests"])  # keep=failed
+    assert not (dump / "test_a.py").exists()
+    xml = (tester.path / "out.xml").read_text()
+    assert 'name="ptdbg_verdict" value="passed"' in xml
+
+
+def test_failure_message_names_the_suspect_and_hides_internals(tester):
+    tester.makepyfile(test_b="""
+        from netlib import make, train_step
+        from pytest_ptdbg import assert_precision
+
+        def test_sign_flip(ptdbg_dump):
+            model, batch = make()
+            flipped, _ = make(k=-1.0)
+            run = lambda m, b: train_step(flipped, b)
+            result = ptdbg_dump.compare_runs(lambda m, b: train_step(m, b), train_step,
+                                             flipped, batch)
+            assert_precision(result)
+    """)
+    dump = tester.path / "dumps"
+    res = tester.runpytest(f"--ptdbg-dump-dir={dump}")
+    res.assert_outcomes(failed=0, passed=1)  # same callables, same model: nothing differs
+
+    tester.makepyfile(test_b="""
+        from netlib import make, train_step
+
+        def flipped_step(model, batch):
+            model.k = -1.0          # the implementation under test flips a sign
+            return train_step(model, batch)
+
+        def test_sign_flip(ptdbg_dump):
+            model, batch = make()
+            result = ptdbg_dump.compare_runs(flipped_step, train_step, model, batch)
+            result.assert_precision()
+    """)
+    res = tester.runpytest(f"--ptdbg-dump-dir={dump}")
+    res.assert_outcomes(failed=1)
+    out = res.stdout.str()
+    assert "PrecisionError: precision check failed" in out
+    assert "first suspect: Tensor_mul_0_forward" in out
+    assert "self.fc1(x) * self.k" in out            # where, in the user's code
+    assert "would have passed with: assert_precision(" in out
+    assert "advice:" in out and "html:" in out
+    assert "plugin_fixture.py" not in out and "plugin_run.py" not in out and \
+        "assertions.py" not in out
+    doc = _summary(str(dump))
+    (entry,) = doc["tests"]
+    assert entry["verdict"] == "failed" and entry["test_outcome"] == "failed"
+    assert entry["first_suspect"]["api"] == "Tensor_mul_0_forward"
+    assert entry["kept"] and os.path.isfile(entry["html"])  # failing tests keep their reports
+    res.stdout.fnmatch_lines(["FAIL  test_b.py::test_sign_flip*first suspect: Tensor_mul_0_forward*",
+                              "*report: *.html"])
+
+
+def test_missing_device_skips_with_reason(tester):
+    tester.makepyfile(test_c="""
+        from netlib import make
+
+        def test_on_npu(ptdbg_dump):
+            model, batch = make()
+            ptdbg_dump(model, batch)
+    """)
+    res = tester.runpytest("--ptdbg-device=npu", "-rs")
+    res.assert_outcomes(skipped=1)
+    res.stdout.fnmatch_lines(["*SKIP*torch_npu*"])
+    res = tester.runpytest("--ptdbg-device=cpu", "--ptdbg-bench=npu:3", "-rs")
+    res.assert_outcomes(skipped=1)
+    res.stdout.fnmatch_lines(["*SKIP*bench*npu:3*"])
+
+
+def test_bad_option_is_a_usage_error(tester):
+    tester.makepyfile(test_d="def test_x(): pass")
+    res = tester.runpytest("--ptdbg-rule=fuzzy")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*rule='fuzzy'; allowed: ptdbg, dtype*"])
+
+
+GOLDEN_TEST = """
+from netlib import make
+
+def test_model(ptdbg_dump):
+    model, batch = make(k={k})
+    ptdbg_dump(model, batch).assert_precision()
+"""
+
+
+def test_golden_create_compare_missing_stale(tester):
+    golden = tester.path / "golden"
+    dump = tester.path / "dumps"
+    tester.makepyfile(test_g=GOLDEN_TEST.format(k=1.0))
+    args = [f"--ptdbg-golden={golden}", f"--ptdbg-dump-dir={dump}"]
+
+    # missing: fails and says how to create it
+    res = tester.runpytest(*args)
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*no golden for test_g.py::test_model*",
+                              "*pytest --ptdbg-golden=*--ptdbg-update-golden 'test_g.py::test_model'*"])
+    # create
+    res = tester.runpytest(*args, "--ptdbg-update-golden")
+    res.assert_outcomes(passed=1)
+    meta = golden / "test_g.py" / "test_model" / "golden.json"
+    assert json.loads(meta.read_text())["nodeid"] == "test_g.py::test_model"
+    pkl = golden / "test_g.py" / "test_model" / "ptdbg_dump_v4.0" / "step0" / "rank0" / \
+        "api_stack_dump.pkl"
+    assert pkl.is_file()
+    assert not (pkl.parent / "api_stack_dump").exists() or not any(
+        (pkl.parent / "api_stack_dump").iterdir())  # statistics only
+    # compare: the same model passes against it
+    res = tester.runpytest(*args)
+    res.assert_outcomes(passed=1)
+    assert _summary(str(dump))["tests"][0]["bench"].startswith("golden")
+    # a regression (sign flip) fails against the golden with the advisor's text
+    tester.makepyfile(test_g=GOLDEN_TEST.format(k=-1.0))
+    res = tester.runpytest(*args)
+    res.assert_outcomes(failed=1)
+    res.stdout.fnmatch_lines(["*precision check failed*", "*first suspect: *"])
+    # stale: the test is renamed; its old golden is reported at the end of the session
+    tester.makepyfile(test_g=GOLDEN_TEST.format(k=1.0).replace("test_model", "test_renamed"))
+    res = tester.runpytest(*args, "--ptdbg-update-golden")
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["*stale goldens*: 1", "*test_g.py::test_model*"])
+    assert [s["nodeid"] for s in _summary(str(dump))["stale_goldens"]] == ["test_g.py::test_model"]
+
+
+def test_precedence_argument_marker_ini_default(tester):
+    tester.makeini("""
+        [pytest]
+        ptdbg_rule = dtype
+        ptdbg_cosine = 0.5
+        ptdbg_max_abs = 0.25
+        ptdbg_keep = all
+        ptdbg_ignore =
+            optimizer_thing
+    """)
+    tester.makepyfile(test_p="""
+        import pytest
+
+        def test_ini_and_cli(ptdbg_dump):
+            s = ptdbg_dump.settings()
+            assert (s.rule, s.keep, s.seed, s.device) == ("dtype", "all", 7, "auto")
+            assert s.thresholds == {"cosine": 0.5, "max_abs": 0.25}
+            assert s.ignore == ("optimizer_thing",)
+
+        @pytest.mark.ptdbg(cosine=0.8, rule="ptdbg", ignore=["dropout"])
+        def test_marker_over_ini(ptdbg_dump):
+            s = ptdbg_dump.settings()
+            assert s.rule == "ptdbg" and s.thresholds == {"cosine": 0.8, "max_abs": 0.25}
+            assert s.ignore == ("dropout",)
+
+        @pytest.mark.ptdbg(cosine=0.8)
+        def test_argument_over_marker(ptdbg_dump):
+            s = ptdbg_dump.settings(cosine=0.9, keep="none")
+            assert s.thresholds["cosine"] == 0.9 and s.keep == "none"
+
+        @pytest.mark.ptdbg(cosinus=0.8)
+        def test_unknown_marker_key(ptdbg_dump):
+            ptdbg_dump.settings()
+    """)
+    res = tester.runpytest("--ptdbg-seed=7", "--strict-markers")
+    res.assert_outcomes(passed=3, failed=1)
+    res.stdout.fnmatch_lines(["*unknown argument(s) 'cosinus'; allowed:*"])
+
+
+def test_marker_thresholds_decide_and_argument_wins(tester):
+    tester.makepyfile(test_m="""
+        import pytest
+        from pytest_ptdbg import PrecisionError
+        from netlib import make, train_step
+
+        def scaled_step(model, batch):
+            model.k = 1.02              # a 2% drift in one op
+            return train_step(model, batch)
+
+        @pytest.mark.ptdbg(rule="dtype", rtol=0.1, atol=0.1)
+        def test_loose_marker_passes_strict_argument_fails(ptdbg_dump):
+            model, batch = make()
+            result = ptdbg_dump.compare_runs(scaled_step, train_step, model, batch)
+            result.assert_precision()
+            with pytest.raises(PrecisionError, match="Tensor_mul_0_forward"):
+                result.assert_precision(rtol=1e-4, atol=1e-6)
+            # allow-list: only the first linear, upstream of the drift, is judged
+            result.assert_precision(only=["Functional_linear_0_forward"], rtol=1e-4, atol=1e-6)
+    """)
+    res = tester.runpytest("--strict-markers", f"--ptdbg-dump-dir={tester.path / 'd'}")
+    res.assert_outcomes(passed=1)
+
+
+def test_ini_dump_dir_and_keep_policy(tester):
+    tester.makeini("""
+        [pytest]
+        ptdbg_dump_dir = artifacts
+        ptdbg_keep = none
+    """)
+    tester.makepyfile(test_k="""
+        import pytest
+        from netlib import make, train_step
+
+        def flipped(model, batch):
+            model.k = -1.0
+            return train_step(model, batch)
+
+        def test_fails(ptdbg_dump):
+            model, batch = make()
+            ptdbg_dump.compare_runs(flipped, train_step, model, batch).assert_precision()
+
+        @pytest.mark.ptdbg(keep="all")
+        def test_kept(ptdbg_dump):
+            model, batch = make()
+            ptdbg_dump(model, batch).assert_precision()
+    """)
+    res = tester.runpytest()
+    res.assert_outcomes(passed=1, failed=1)
+    art = tester.path / "artifacts"
+    doc = _summary(str(art))
+    kept = {t["nodeid"].split("::")[1]: t["kept"] for t in doc["tests"]}
+    assert kept == {"test_fails": False, "test_kept": True}
+    assert not (art / "test_k.py" / "test_fails").exists()
+    assert (art / "test_k.py" / "test_kept" / "compare").is_dir()
+
+
+def test_default_dump_dir_follows_basetemp(tester):
+    tester.makepyfile(test_t="""
+        from netlib import make
+
+        def test_x(ptdbg_dump, tmp_path):
+            model, batch = make()
+            r = ptdbg_dump(model, batch, keep="all")
+            assert (tmp_path / "f").write_text("x")  # tmp_path does not wipe the dumps
+            assert r.html_path and __import__("os").path.isfile(r.html_path)
+    """)
+    base = tester.path / "bt"
+    res = tester.runpytest(f"--basetemp={base}")
+    res.assert_outcomes(passed=1)
+    assert (base / "ptdbg" / "ptdbg_summary.json").is_file()
+    assert (base / "ptdbg" / "test_t.py" / "test_x" / "compare").is_dir()

@@ -1,0 +1,57 @@
+"""The plugin under pytest-xdist (``-n 2``): per-worker dump folders, complete summary on the
+controller. Runs in a subprocess (xdist starts its own worker processes)."""
+import json
+
+import pytest
+
+pytest_plugins = ["pytester"]
+pytest.importorskip("xdist")
+
+TESTS = """
+import pytest
+import torch
+import torch.nn as nn
+
+
+def make(k=1.0):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)), torch.randn(5, 4)
+
+
+def step(model, x):
+    return model(x).pow(2).mean().backward()
+
+
+@pytest.mark.parametrize("i", range(2))
+def test_pass(ptdbg_dump, i):
+    model, x = make()
+    ptdbg_dump(model, x, step=step).assert_precision()
+
+
+def test_fail(ptdbg_dump):
+    model, x = make()
+
+    def flipped(m, x):
+        return m(-x).pow(2).mean().backward()
+    ptdbg_dump.compare_runs(flipped, step, model, x).assert_precision()
+"""
+
+
+def test_xdist_two_workers_complete_summary(pytester):
+    pytester.makepyfile(test_x=TESTS)
+    dump = pytester.path / "dumps"
+    res = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider",
+                                        f"--ptdbg-dump-dir={dump}", "--ptdbg-keep=all")
+    res.assert_outcomes(passed=2, failed=1)
+    res.stdout.fnmatch_lines(["*ptdbg precision summary*", "*ptdbg: 1 failed, 2 passed;*"])
+    doc = json.loads((dump / "ptdbg_summary.json").read_text())
+    assert doc["counts"] == {"failed": 1, "passed": 2}
+    assert sorted(t["nodeid"] for t in doc["tests"]) == [
+        "test_x.py::test_fail", "test_x.py::test_pass[0]", "test_x.py::test_pass[1]"]
+    workers = {t["dump_dir"][len(str(dump)) + 1:].split("/")[0] for t in doc["tests"]}
+    assert workers <= {"gw0", "gw1"} and workers  # one folder per worker, no collisions
+    dirs = [t["dump_dir"] for t in doc["tests"]]
+    assert len(set(dirs)) == 3
+    (fail,) = [t for t in doc["tests"] if t["verdict"] == "failed"]
+    assert "neg" in fail["first_suspect"]["api"]  # -x: the sign flip
+    assert (pytester.path / fail["html"]).is_file()

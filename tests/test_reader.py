@@ -1,0 +1,148 @@
+import json
+import os
+
+import numpy as np
+import pytest
+
+from pytest_ptdbg.dump import records, reader
+from pytest_ptdbg.dump.npy import NpyStream, load_npy
+
+import dumps
+
+
+@pytest.fixture()
+def mlp_dump(tmp_path):
+    dumps.write_dump(str(tmp_path / "d"), dumps.mlp_apis())
+    return tmp_path / "d"
+
+
+def test_locate_from_any_level(mlp_dump):
+    rank = records.rank_dir(str(mlp_dump), 0, 0)
+    for p in (mlp_dump, mlp_dump / records.DUMP_DIR_NAME, records.step_dir(str(mlp_dump), 0), rank,
+              os.path.join(rank, "api_stack_dump.pkl")):
+        loc = reader.locate(str(p))
+        assert loc.path == os.path.join(rank, "api_stack_dump.pkl")
+        assert loc.data_dir == os.path.join(rank, "api_stack_dump") and loc.layout == "ptdbg"
+
+
+def test_locate_errors_name_the_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        reader.locate(str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty"):
+        reader.locate(str(tmp_path / "empty"))
+    for r in (0, 1):
+        dumps.write_dump(str(tmp_path / "two"), dumps.mlp_apis(), rank=r)
+    with pytest.raises(ValueError, match="2 ranks.*compare_distributed"):
+        reader.locate(str(tmp_path / "two"))
+
+
+def test_groups_by_api_in_first_appearance_order(tmp_path):
+    a0 = "Functional_linear_0_backward"
+    lines = [
+        records.tensor_record("Torch_relu_0_forward_input.0", "torch.float32", [2], [1, 0, 0.5, 1]),
+        records.tensor_record(a0 + "_input.0", "torch.float32", [2], [1, 0, 0.5, 1]),
+        records.tensor_record("Torch_relu_0_backward_input.0", "torch.float32", [2], [1, 0, 0.5, 1]),
+        records.tensor_record(a0 + "_output.1", "torch.float32", [2], [1, 0, 0.5, 1], {"ctx": "optimizer"}),
+        records.stack_record(a0, [["m.py", 3, "f", "y = lin(x)"]]),
+        records.tensor_record("Torch_relu_0_forward_output.0", "torch.float32", [2], [1, 0, 0.5, 1]),
+    ]
+    pkl = tmp_path / "api_stack_dump.pkl"
+    pkl.write_text("".join(records.encode_line(r) for r in lines))
+    d = reader.read_dump(str(pkl))
+    assert [a.key for a in d.apis] == ["Torch_relu_0_forward", a0, "Torch_relu_0_backward"]
+    lin = d.apis[1]
+    assert [t.slot for t in lin.tensors] == ["input.0", "output.1"]
+    assert lin.stack == [["m.py", 3, "f", "y = lin(x)"]] and lin.ctx == "optimizer"
+    assert lin.family == "Functional_linear" and lin.direction == "backward" and lin.order == 1
+    assert d.mode == "api_stack" and not d.has_data and d.problems == []
+
+
+def test_truncated_and_corrupt_lines_are_reported_and_skipped(mlp_dump):
+    pkl = reader.locate(str(mlp_dump)).path
+    text = open(pkl).read().splitlines(keepends=True)
+    text.insert(3, "this is not json\n")
+    text.append(text[0][: len(text[0]) // 2])       # an interrupted last line
+    open(pkl, "w").write("".join(text))
+    d = reader.read_dump(str(mlp_dump))
+    assert any(p.startswith(f"{pkl}:4: corrupt") for p in d.problems)
+    assert any(p.startswith(f"{pkl}:{len(text)}: truncated") for p in d.problems)
+    assert d.n_tensors == sum(len(a.tensors) for a in dumps.mlp_apis())
+
+
+def test_bad_records_name_file_line_and_record(tmp_path):
+    pkl = tmp_path / "api_stack_dump.pkl"
+    good = records.tensor_record("Torch_relu_0_forward_input.0", "torch.float32", [2], [1, 0, 0.5, 1])
+    pkl.write_text(
+        json.dumps(["Torch_relu_0_forward_input.1", 0, [], "torch.float32", "two", []]) + "\n"
+        + json.dumps(["nonsense", 0, [], "torch.float32", [2], []]) + "\n"
+        + records.encode_line(good))
+    d = reader.read_dump(str(pkl))
+    assert any(":1:" in p and "Torch_relu_0_forward_input.1" in p and "shape" in p for p in d.problems)
+    assert any(":2:" in p and "nonsense" in p for p in d.problems)
+    assert d.n_tensors == 1
+
+
+def test_record_names_cannot_leave_the_data_dir(tmp_path):
+    rank = tmp_path / "rank0"
+    (rank / "api_stack_dump").mkdir(parents=True)
+    (tmp_path / "secret.npy").write_bytes(b"x")
+    recs = [
+        records.tensor_record("Torch_relu_0_forward_input.0", "torch.float32", [2], [1, 0, 0.5, 1],
+                              {"npy": "../../secret.npy"}),
+        ["Torch_x/../../secret_0_forward_input.0", 0, [], "torch.float32", [2], [1, 0, 0.5, 1]],
+    ]
+    (rank / "api_stack_dump.pkl").write_text("".join(records.encode_line(r) for r in recs))
+    d = reader.read_dump(str(rank))
+    ts = [t for a in d.apis for t in a.tensors]
+    assert all(t.data_file is None for t in ts)
+    assert len([p for p in d.problems if "outside" in p or "unsafe" in p]) == 2
+
+
+def test_npy_checks_shape_and_refuses_pickles(tmp_path):
+    p = tmp_path / "a.npy"
+    np.save(p, np.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match=r"a.npy.*\[2, 3\].*'rec'.*\[3, 2\]"):
+        NpyStream(str(p), "rec", (3, 2), "torch.float32")
+    with pytest.raises(ValueError, match="dtype"):
+        load_npy(str(p), "rec", (2, 3), "torch.int64")
+    assert load_npy(str(p), "rec", (2, 3), "torch.bfloat16").shape == (2, 3)  # bf16 saved as float32
+    np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="never unpickled"):
+        NpyStream(str(tmp_path / "o.npy"), "obj")
+    with pytest.raises(ValueError):
+        load_npy(str(tmp_path / "o.npy"), "obj")
+    raw = p.read_bytes()
+    (tmp_path / "t.npy").write_bytes(raw[:-8])
+    with pytest.raises(ValueError, match="truncated"):
+        NpyStream(str(tmp_path / "t.npy"), "rec", (2, 3))
+
+
+MSPROBE = os.path.join(os.path.dirname(__file__), "data", "msprobe")
+
+
+@pytest.mark.skipif(not os.path.isdir(MSPROBE), reason="no msprobe sample")
+def test_reads_msprobe_dump_json():
+    d = reader.read_dump(os.path.join(MSPROBE, "mlp_tensor"))
+    assert d.layout == "msprobe" and d.has_data and not d.problems
+    lin = d.apis[0]
+    assert lin.key == "Functional.linear.0.forward" and lin.family == "Functional_linear"
+    assert [t.slot for t in lin.tensors] == ["input.0", "input.1", "input.2", "output.0"]
+    assert lin.stack[0][1] == 134 and lin.stack[0][2] == "forward"
+    bwd = next(a for a in d.apis if a.key == "Functional.linear.0.backward")
+    assert [t.slot for t in bwd.tensors] == ["input.0", "output.0", "output.2"]   # None grads skipped
+    s = reader.read_dump(os.path.join(MSPROBE, "mlp_statistics_fp32"))
+    assert not s.has_data and len(s.apis) == len(d.apis)
+
+
+def test_msprobe_pt_tensors_load_with_weights_only(tmp_path):
+    torch = pytest.importorskip("torch")
+    from pytest_ptdbg.dump.npy import load_pt
+
+    t = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    torch.save(t, tmp_path / "x.pt")
+    a = load_pt(str(tmp_path / "x.pt"), "x", (2, 3), "torch.bfloat16")
+    assert a.dtype == np.float32 and a.tolist() == [[0, 1, 2], [3, 4, 5]]
+    torch.save({"not": "a tensor"}, tmp_path / "y.pt")
+    with pytest.raises(ValueError, match="y.pt.*'y'"):
+        load_pt(str(tmp_path / "y.pt"), "y")

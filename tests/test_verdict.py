@@ -1,0 +1,99 @@
+import numpy as np
+import pytest
+
+from pytest_ptdbg.compare import metrics as M
+from pytest_ptdbg.compare import verdict as V
+
+
+def pm(cos, mae, compared=10, **kw):
+    return M.PairMetrics(cosine=cos, max_abs_err=mae, compared=compared, size=compared, **kw)
+
+
+@pytest.mark.parametrize("cos, mae, expected", [
+    (0.99, 0.5, "Yes"),           # cosine not below 0.99
+    (0.98999, 0.001, "Yes"),      # MaxAbsErr not above 0.001
+    (0.98999, 0.0011, "No"),
+    (0.90, 0.0, "Yes"),
+    (0.89999, 0.0, "No"),         # cosine < 0.9 alone fails
+    (1.0, 1.0, "Yes"),
+    (1.0, 1.0001, "No"),          # MaxAbsErr > 1 alone fails
+    (float("nan"), 0.5, "Yes"),   # undefined cosine (scalar) takes no part
+    (float("nan"), 1.5, "No"),
+])
+def test_ptdbg_rule_boundaries(cos, mae, expected):
+    assert V.full_verdict(pm(cos, mae)) == expected
+
+
+def test_mismatches_and_nothing_to_compare():
+    assert V.full_verdict(pm(1.0, 0.0, nan_mismatch=True)) == "No"
+    assert V.full_verdict(M.PairMetrics(shape_mismatch=True)) == "No"
+    assert V.full_verdict(pm(float("nan"), float("nan"), compared=0)) == ""
+    assert V.full_verdict(pm(float("nan"), float("nan"), compared=0), rule="dtype") == ""
+
+
+def test_custom_thresholds():
+    th = V.Thresholds(cosine=0.9999, max_abs=1e-6)
+    assert V.full_verdict(pm(0.9998, 1e-5), th=th) == "No"
+    assert V.full_verdict(pm(0.9998, 1e-5)) == "Yes"
+    with pytest.raises(ValueError, match="unknown verdict rule"):
+        V.full_verdict(pm(1, 0), rule="nope")
+
+
+def test_tolerance_of_lower_precision_side():
+    assert V.tolerance("torch.bfloat16", "torch.float32") == (1.6e-2, 1e-5)
+    assert V.tolerance("torch.float32", "torch.float16") == (1e-3, 1e-5)
+    assert V.tolerance("torch.float32", "torch.float32") == (1.3e-6, 1e-5)
+    assert V.tolerance("torch.float64", "torch.float64") == (1e-7, 1e-7)
+    assert V.tolerance("torch.int64", "torch.int64") == (0.0, 0.0)
+
+
+def test_dtype_rule_fraction_boundary():
+    assert V.full_verdict(pm(1, 0, compared=100, tol_fail=0), rule="dtype") == "Yes"
+    assert V.full_verdict(pm(1, 0, compared=100, tol_fail=1), rule="dtype") == "No"
+    th = V.Thresholds(max_fail_fraction=0.01)
+    assert V.full_verdict(pm(1, 0, compared=100, tol_fail=1), rule="dtype", th=th) == "Yes"
+    assert V.full_verdict(pm(1, 0, compared=100, tol_fail=2), rule="dtype", th=th) == "No"
+
+
+def _bf16(a):
+    """Round float32 to bfloat16 precision (keep the top 16 bits, round to nearest even)."""
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def test_bf16_device_passes_dtype_rule_but_not_ptdbg():
+    rng = np.random.default_rng(0)
+    b = (500 * rng.standard_normal(4096)).astype(np.float32)
+    n = _bf16(b)
+    rtol, atol = V.tolerance("torch.bfloat16", "torch.float32")
+    m = M.compare_arrays(n, b, tol=(atol, rtol))
+    assert V.full_verdict(m, "torch.bfloat16", "torch.float32", rule="dtype") == "Yes"
+    assert V.full_verdict(m) == "No"                     # MaxAbsErr > 1 on values of ~500
+    rtol, atol = V.tolerance("torch.float32", "torch.float32")
+    m32 = M.compare_arrays(n, b, tol=(atol, rtol))       # the same error claimed as fp32 fails
+    assert V.full_verdict(m32, "torch.float32", "torch.float32", rule="dtype") == "No"
+
+
+def test_summary_ptdbg_rule_boundary():
+    b = [1.0, -1.0, 0.5, 2.0]
+    assert V.summary_verdict([1.5, -1.0, 0.5, 2.0], b) == ("Yes", False)      # rel diff 0.5
+    assert V.summary_verdict([1.51, -1.0, 0.5, 2.0], b) == ("No", False)
+    assert V.summary_verdict(b, b, npu_nonfinite=1) == ("No", True)
+    assert V.summary_verdict([float("nan"), -1, 0.5, 2], b) == ("No", True)
+    assert V.summary_verdict([], []) == ("", False)
+
+
+def test_summary_dtype_rule_boundary():
+    b = [2.0, -2.0, 0.0, 4.0]
+    bound = 1e-5 + 1.6e-2 * 2.0            # atol + rtol * max(|max|, |min|)
+    ok = V.summary_verdict([2.0 + bound, -2.0, 0.0, 4.0], b, shape=[16], npu_dtype="torch.bfloat16",
+                           bench_dtype="torch.float32", rule="dtype")
+    bad = V.summary_verdict([2.0 + 1.01 * bound, -2.0, 0.0, 4.0], b, shape=[16],
+                            npu_dtype="torch.bfloat16", bench_dtype="torch.float32", rule="dtype")
+    assert ok == ("Yes", False) and bad == ("No", False)
+    l2_bound = 1e-5 * 4 + 1.6e-2 * 4.0     # atol * sqrt(N) + rtol * |l2|
+    assert V.summary_verdict([2, -2, 0, 4 + 0.99 * l2_bound], b, shape=[16], npu_dtype="torch.bfloat16",
+                             rule="dtype")[0] == "Yes"
+    assert V.summary_verdict([2, -2, 0, 4 + 1.01 * l2_bound], b, shape=[16], npu_dtype="torch.bfloat16",
+                             rule="dtype")[0] == "No"
