@@ -1,14 +1,16 @@
 """Dump overhead: step time plain vs. under PrecisionDebugger (statistics only, full tensors).
 
-    python benchmarks/bench_dump.py [--reps 7] [--models mlp,transformer] [--out DIR]
+    python benchmarks/bench_dump.py [--reps 7] [--models mlp,transformer] [--out DIR] [--cpu]
 
 Workloads (issue 2): (a) MLP, 3 x Linear 512, batch 64, SGD; (b) nn.TransformerEncoder, d_model
 256, 4 heads, 4 layers, batch 8, seq 128, AdamW. One training step = zero_grad, forward, loss,
 backward, optimizer step, with a persistent optimizer (steady state). torch.set_num_threads(1);
 the variants are interleaved rep by rep and the median step time of each is reported, with the
-ratio to plain measured in the same run. Each dumped step writes a fresh dump (the previous one is
-deleted outside the timed region). If ``msprobe`` (mindstudio-probe) imports, it is measured side
-by side; it is never a dependency.
+ratio to plain measured in the same run. The debugger persists across steps (``step=None``;
+``debugger.step()`` is timed with the step); each finished step's dump is deleted untimed. If ``msprobe`` (mindstudio-probe) imports, its statistics
+mode is measured side by side (its debugger is a per-process singleton: one task per run); it is
+never a dependency. ``--cpu`` times the main thread's CPU instead of wall time (steadier when the
+machine is shared; it leaves out the debugger's background I/O thread).
 """
 from __future__ import annotations
 
@@ -49,10 +51,15 @@ def make_workload(name: str):
     return step
 
 
+#: the clock: wall time (default) or, with --cpu, the main thread's CPU time (steadier on a busy
+#: shared machine; it leaves out the debugger's I/O thread)
+CLOCK = time.perf_counter
+
+
 def time_plain(step: Callable[[], None]) -> float:
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     step()
-    return time.perf_counter() - t0
+    return CLOCK() - t0
 
 
 class PtdbgRunner:
@@ -68,40 +75,54 @@ class PtdbgRunner:
     def __call__(self, step: Callable[[], None]) -> float:
         dbg = self.dbg
         n = dbg.current_step
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         dbg.start()
         step()
         dbg.stop()
         dbg.step()
-        dt = time.perf_counter() - t0
+        dt = CLOCK() - t0
         shutil.rmtree(os.path.join(self.out, "ptdbg_dump_v4.0", f"step{n}"), ignore_errors=True)
         return dt
 
 
-def _msprobe_timer():  # pragma: no cover - only where mindstudio-probe is installed
-    try:
+class MsprobeRunner:  # pragma: no cover - only where mindstudio-probe is installed
+    """msprobe's PrecisionDebugger (a per-process singleton, so one task per run: statistics)."""
+
+    def __init__(self, out: str) -> None:
+        import json
+
         from msprobe.pytorch import PrecisionDebugger as MsDebugger  # type: ignore
+
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        cfg = os.path.join(out, "config.json")
+        with open(cfg, "w") as f:
+            json.dump({"task": "statistics", "dump_path": os.path.join(out, "d"), "rank": [], "step": [],
+                       "level": "L1", "statistics": {"scope": [], "list": [], "data_mode": ["all"]}}, f)
+        self.out = out
+        self.dbg = MsDebugger(config_path=cfg)
+
+    def __call__(self, step: Callable[[], None]) -> float:
+        t0 = CLOCK()
+        self.dbg.start()
+        step()
+        self.dbg.stop()
+        self.dbg.step()
+        dt = CLOCK() - t0
+        shutil.rmtree(os.path.join(self.out, "d"), ignore_errors=True)
+        return dt
+
+
+def _msprobe_runner(out: str):
+    try:
+        import msprobe  # noqa: F401  # type: ignore
     except Exception:
         return None
-    import json
-
-    def run(step: Callable[[], None], out: str, summary_only: bool) -> float:
-        shutil.rmtree(out, ignore_errors=True)
-        os.makedirs(out, exist_ok=True)
-        cfg = os.path.join(out, "config.json")
-        task = "statistics" if summary_only else "tensor"
-        with open(cfg, "w") as f:
-            json.dump({"task": task, "dump_path": os.path.join(out, "d"), "rank": [], "step": [],
-                       "level": "L1", task: {"scope": [], "list": [], "data_mode": ["all"]}}, f)
-        dbg = MsDebugger(config_path=cfg)
-        t0 = time.perf_counter()
-        dbg.start()
-        step()
-        dbg.stop()
-        dbg.step()
-        return time.perf_counter() - t0
-
-    return run
+    try:  # pragma: no cover
+        return MsprobeRunner(out)
+    except Exception as e:  # pragma: no cover
+        print(f"msprobe imports but could not be set up ({e}); not measured")
+        return None
 
 
 def bench(name: str, reps: int, out_root: str, with_full: bool) -> Dict[str, float]:
@@ -114,11 +135,9 @@ def bench(name: str, reps: int, out_root: str, with_full: bool) -> Dict[str, flo
     if with_full:
         full = PtdbgRunner(os.path.join(out_root, name + "_full"), False)
         variants["full"] = lambda: full(step)
-    ms = _msprobe_timer()
-    if ms is not None:
-        variants["msprobe_stats"] = lambda: ms(step, os.path.join(out_root, name + "_ms_s"), True)
-        if with_full:
-            variants["msprobe_full"] = lambda: ms(step, os.path.join(out_root, name + "_ms_f"), False)
+    ms = _msprobe_runner(os.path.join(out_root, name + "_msprobe"))
+    if ms is not None:  # pragma: no cover
+        variants["msprobe_stats"] = lambda: ms(step)
     for fn in variants.values():  # warm-up (optimizer state, allocator, caches)
         fn()
         fn()
@@ -137,10 +156,15 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7, help="timed repetitions per variant (median)")
     ap.add_argument("--models", default="mlp,transformer")
     ap.add_argument("--out", default=None, help="scratch directory for dumps (default: a temp dir)")
+    ap.add_argument("--cpu", action="store_true", help="time the main thread's CPU time instead of wall time")
     args = ap.parse_args(argv)
+    global CLOCK
+    if args.cpu:
+        CLOCK = time.thread_time
     torch.set_num_threads(1)
     out_root = args.out or tempfile.mkdtemp(prefix="ptdbg_bench_")
-    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, reps={args.reps}, scratch={out_root}")
+    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, reps={args.reps}, "
+          f"clock={'main-thread CPU' if args.cpu else 'wall'}, scratch={out_root}")
     ok = True
     try:
         for name in args.models.split(","):

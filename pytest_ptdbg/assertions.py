@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Optional
 
 from pytest_ptdbg.plugin_options import Settings, per_test
 
@@ -222,8 +222,11 @@ def _fmt(v: Any) -> str:
 
 def _suspect_line(i: int, s: Any) -> str:
     growth = s.growth if s.growth is not None and math.isfinite(s.growth) else None
+    if s.kind == "unpaired":
+        side = getattr(s, "side", "") or "one"
+        return f"  {i}. {s.api} [called on the {side} side only] at {s.location}"
     what = {"own": "own error", "nonfinite": "NaN/Inf first appears here",
-            "unpaired": "called on one side only", "inherited": "inherited error"}.get(s.kind, s.kind)
+            "inherited": "inherited error"}.get(s.kind, s.kind)
     extra = f", error x{growth:.3g} from inputs to outputs" if growth else ""
     return f"  {i}. {s.api} [{what}; {s.category}{extra}] at {s.location}"
 
@@ -287,9 +290,9 @@ def assert_precision(result: Any, **thresholds: Any) -> Any:
 
     ``result``: what ``ptdbg_dump`` returns, or a ``CompareResult`` from ``compare()``.
     Keyword arguments: threshold names (``cosine``, ``max_abs``, ``cosine_hard``,
-    ``max_abs_hard``, ``summary_rel``, ``rtol``, ``atol``, ``max_fail_fraction``), ``rule`` (``"ptdbg"``/``"dtype"``), ``ignore`` /
-    ``only`` (API name substrings), ``ignore_optimizer``; they win over the test's marker and
-    options. Returns the :class:`Evaluation` when it passes.
+    ``max_abs_hard``, ``summary_rel``, ``rtol``, ``atol``, ``max_fail_fraction``), ``rule``
+    (``"ptdbg"``/``"dtype"``), ``ignore`` / ``only`` (API name substrings),
+    ``ignore_optimizer``; they win over the test's marker and options. Returns the :class:`Evaluation` when it passes.
     """
     __tracebackhide__ = True
     ev = evaluate(result, **thresholds)

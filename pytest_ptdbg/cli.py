@@ -82,6 +82,11 @@ def run_compare(args: argparse.Namespace) -> int:
         if args.summary:
             kw["summary_compare"] = True
             param["npu_dump_data_dir"] = param["bench_dump_data_dir"] = ""
+        else:  # a .pkl or dump.json given: its data folder beside it, as for a dump folder
+            from pytest_ptdbg.dump.reader import locate
+
+            for side in ("npu", "bench"):
+                param[f"{side}_dump_data_dir"] = locate(getattr(args, side)).data_dir or ""
         r = compare(param, args.output, **kw)
     except (FileNotFoundError, ValueError) as e:
         print(f"ptdbg compare: error: {e}", file=sys.stderr)

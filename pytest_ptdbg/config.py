@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional
 
 HOOK_NAMES = ("dump", "overflow_check")
 MODES = ("api_stack", "all", "list", "range", "stack", "api_list", "acl")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import types
 from typing import Any, Dict, List, Optional, TextIO
 
 from pytest_ptdbg.dump import reader
@@ -46,3 +47,14 @@ def parse(pkl_path: str, api_prefix: str, file: Optional[TextIO] = None) -> List
     if not found and not any(a.key.startswith(api_prefix) for a in dump.apis):
         print(f"no record of {dump.source} starts with {api_prefix!r}", file=out)
     return found
+
+
+class _CallableModule(types.ModuleType):
+    """``pytest_ptdbg.parse`` is both this module and the function: Python binds the module to the
+    package attribute when it is imported, so the module forwards calls to :func:`parse`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
+        return parse(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -4,14 +4,16 @@ Imported by pytest for every session, so nothing heavy at import: torch and pand
 by ``plugin_fixture``/``plugin_run`` when a test first uses the fixture.
 
 Artifacts of a session go under the dump directory (``--ptdbg-dump-dir``; default
-``<basetemp>/ptdbg`` with ``--basetemp``, else ``.pytest_cache/d/ptdbg``): one folder per test
-(``<worker>/`` in front under xdist) and ``ptdbg_summary.json``.
+``<basetemp>/ptdbg`` with ``--basetemp``, else ``.pytest_cache/d/ptdbg/run-<time>-<pid>/``, the
+last three sessions kept): one folder per test (``<worker>/`` in front under xdist), and at the top
+``ptdbg_summary.json`` and ``index.html`` (links to every kept HTML report).
 """
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+import time
 from typing import Any, Dict, Optional, Set
 
 import pytest
@@ -27,12 +29,14 @@ ARTIFACT_MARK = ".ptdbg-artifacts"
 class PtdbgState:
     """Per-process plugin state (config.stash)."""
 
-    def __init__(self, config: Any, settings: plugin_options.Settings, dump_root: str) -> None:
+    def __init__(self, config: Any, settings: plugin_options.Settings, dump_root: str,
+                 run_dir: str) -> None:
         self.config = config
         self.settings = settings
         self.dump_root = dump_root
+        self.run_dir = run_dir
         self.worker_id: Optional[str] = (getattr(config, "workerinput", None) or {}).get("workerid")
-        self.summary = SessionSummary(dump_root, settings.golden)
+        self.summary = SessionSummary(dump_root, settings.golden, run_dir)
         self.known_ids: Set[str] = set()
         self.basetemp_ready = False
 
@@ -42,7 +46,7 @@ class PtdbgState:
 
     def test_root(self) -> str:
         """Where this process puts its tests' folders (per worker under xdist)."""
-        return os.path.join(self.dump_root, self.worker_id) if self.worker_id else self.dump_root
+        return os.path.join(self.run_dir, self.worker_id) if self.worker_id else self.run_dir
 
 
 STATE = pytest.StashKey[PtdbgState]()
@@ -58,9 +62,26 @@ def _default_dump_root(config: Any) -> str:
     if basetemp:
         return os.path.join(os.path.abspath(str(basetemp)), "ptdbg")
     cache = getattr(config, "cache", None)
-    if cache is not None:
-        return str(cache.mkdir("ptdbg"))
-    return os.path.join(tempfile.gettempdir(), f"pytest-ptdbg-{os.getuid() if hasattr(os, 'getuid') else 'user'}")
+    if cache is not None:  # the path of cache.mkdir("ptdbg"), created only when a test dumps
+        cachedir = getattr(cache, "_cachedir", None)
+        return os.path.join(str(cachedir), "d", "ptdbg") if cachedir else str(cache.mkdir("ptdbg"))
+    user = os.getuid() if hasattr(os, "getuid") else "user"
+    return os.path.join(tempfile.gettempdir(), f"pytest-ptdbg-{user}")
+
+
+RUN_PREFIX = "run-"
+KEEP_RUNS = 3
+
+
+def _new_run_dir(root: str) -> str:
+    """A fresh ``run-<time>-<pid>`` folder under the shared default root; older runs beyond the
+    last few are removed. Sessions running at the same time (same checkout) never collide."""
+    names = os.listdir(root) if os.path.isdir(root) else []
+    runs = [os.path.join(root, n) for n in names if n.startswith(RUN_PREFIX)]
+    runs.sort(key=lambda p: os.path.getmtime(p) if os.path.exists(p) else 0.0)
+    for old in runs[: max(0, len(runs) - (KEEP_RUNS - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
+    return os.path.join(root, f"{RUN_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
 
 
 def _clear_previous(root: str) -> None:
@@ -69,7 +90,7 @@ def _clear_previous(root: str) -> None:
         return
     for name in os.listdir(root):
         path = os.path.join(root, name)
-        if name in ("ptdbg_summary.json",):
+        if name in ("ptdbg_summary.json", "index.html"):
             os.remove(path)
         elif os.path.isdir(path):
             _clear_marked(path)
@@ -96,14 +117,18 @@ def pytest_configure(config: Any) -> None:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     workerinput = getattr(config, "workerinput", None)
+    basetemp = config.getoption("basetemp", None)
     if workerinput and workerinput.get("ptdbg_dump_root"):
-        root = workerinput["ptdbg_dump_root"]
-    else:
-        root = dump_dir or _default_dump_root(config)
+        root, run_dir = workerinput["ptdbg_dump_root"], workerinput["ptdbg_run_dir"]
+    elif dump_dir or basetemp:
+        root = run_dir = dump_dir or _default_dump_root(config)
         # --basetemp is wiped by pytest when first used; the fixture clears ours then.
-        if not config.getoption("basetemp", None):
+        if not basetemp:
             _clear_previous(root)
-    state = PtdbgState(config, settings, root)
+    else:  # shared default (pytest's cache): one folder per session, the summary at the top
+        root = _default_dump_root(config)
+        run_dir = _new_run_dir(root)
+    state = PtdbgState(config, settings, root, run_dir)
     if dump_dir or not config.getoption("basetemp", None) or workerinput:
         state.basetemp_ready = True
     config.stash[STATE] = state
@@ -120,6 +145,7 @@ class _SessionHooks:
     def pytest_configure_node(self, node: Any) -> None:
         """xdist controller: every worker writes under the controller's dump directory."""
         node.workerinput["ptdbg_dump_root"] = self.state.dump_root
+        node.workerinput["ptdbg_run_dir"] = self.state.run_dir
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: Any) -> None:

@@ -177,19 +177,26 @@ class PtdbgDump:
         if not gpath or settings.update_golden:
             bench_device = self._device(settings.bench, "bench")
         out = self._test_dir(call)
+        golden_full = settings.golden_full
+        if gpath and not settings.update_golden:
+            golden_full = bool(golden.read_meta(gpath).get("full", False))
         with preserved_rng([device] + ([bench_device] if bench_device is not None else [])):
-            npu_summary = settings.summary_only or bool(gpath and not settings.golden_full)
+            npu_summary = settings.summary_only or bool(gpath and not golden_full)
             npu = run_model(model, inputs, step, device=device, dtype=settings.dtype,
                             dump_path=os.path.join(out, "npu"), settings=settings,
                             summary_only=npu_summary)
             if gpath and settings.update_golden:
                 staging = f"{gpath}.tmp-{os.getpid()}"
-                run_model(model, inputs, step, device=bench_device, dtype="float32",
-                          dump_path=staging, settings=settings,
-                          summary_only=not settings.golden_full)
-                golden.commit(staging, gpath, {
-                    "nodeid": nodeid, "call": call, "bench": str(bench_device),
-                    "full": settings.golden_full, "seed": settings.seed})
+                try:
+                    run_model(model, inputs, step, device=bench_device, dtype="float32",
+                              dump_path=staging, settings=settings,
+                              summary_only=not settings.golden_full)
+                    golden.strip_stacks(staging)
+                    golden.commit(staging, gpath, {
+                        "nodeid": nodeid, "call": call, "bench": str(bench_device),
+                        "full": settings.golden_full, "seed": settings.seed})
+                finally:
+                    golden.remove_tree(staging)
             if gpath:
                 meta = golden.read_meta(gpath)
                 bench = locate_dump(gpath, summary_only=not meta.get("full", False))
@@ -224,7 +231,8 @@ class PtdbgDump:
                              dump_path=os.path.join(out, "bench"), settings=settings,
                              summary_only=settings.summary_only)
         label = f"{getattr(reference, '__name__', 'reference')} on {device}"
-        return self._finish_call(npu, bench, out, settings, call, label, str(device), None)
+        under_test = f"{getattr(run, '__name__', 'run')} on {device}"
+        return self._finish_call(npu, bench, out, settings, call, label, under_test, None)
 
     # ------------------------------------------------------------------ bookkeeping
     def _finish_call(self, npu: SideRun, bench: SideRun, out: str, settings: Settings, call: int,

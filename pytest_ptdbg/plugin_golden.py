@@ -60,6 +60,34 @@ def read_meta(path: str) -> Dict[str, Any]:
     return meta
 
 
+def strip_stacks(dump_path: str) -> None:
+    """Drop the stack records from every ``.pkl`` under ``dump_path`` (the device under test's own
+    dump supplies the stacks when comparing; they are most of a statistics-only dump's size)."""
+    from pytest_ptdbg.dump.records import STACK_SUFFIX
+
+    for base, _, files in os.walk(dump_path):
+        for name in files:
+            if not name.endswith(".pkl"):
+                continue
+            path = os.path.join(base, name)
+            with open(path, encoding="utf-8") as f:
+                lines = [ln for ln in f if not _is_stack_line(ln, STACK_SUFFIX)]
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.writelines(lines)
+            os.replace(path + ".tmp", path)
+
+
+def _is_stack_line(line: str, suffix: str) -> bool:
+    head = line[:400]
+    if suffix + '"' not in head:
+        return False
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return False
+    return bool(rec) and isinstance(rec[0], str) and rec[0].endswith(suffix)
+
+
 def commit(staging: str, final: str, meta: Dict[str, Any]) -> None:
     """Write ``meta`` into ``staging`` and move it to ``final``, replacing an older golden."""
     meta = dict(meta, created=datetime.datetime.now(datetime.timezone.utc).isoformat(

@@ -10,8 +10,8 @@ No torch here: pytest imports this module for every session.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 DEVICES = ("auto", "cpu", "cuda", "npu")
 DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32",
@@ -85,7 +85,7 @@ _OPTIONS = (
          "[ini: ptdbg_keep; default failed]", KEEP),
     _Opt("dump_dir", "path", "where dumps, CSV/advisor/HTML reports and ptdbg_summary.json go "
          "[ini: ptdbg_dump_dir; default: <basetemp>/ptdbg with --basetemp, else "
-         ".pytest_cache/d/ptdbg]"),
+         ".pytest_cache/d/ptdbg, one run-* folder per session]"),
     _Opt("golden", "path", "golden directory: compare the device under test against recorded "
          "reference dumps instead of running the bench device [ini: ptdbg_golden]"),
     _Opt("update_golden", "bool", "(re)write the goldens from the bench device "
@@ -229,6 +229,9 @@ def session_settings(config: Any) -> Tuple[Settings, Optional[str]]:
     ignore = config.getoption("ptdbg_ignore") or config.getini("ptdbg_ignore") or []
     dump_dir = values.pop("dump_dir", None)
     settings = Settings(**values, thresholds=thresholds, ignore=tuple(ignore))
+    if settings.update_golden and not settings.golden:
+        raise ValueError("--ptdbg-update-golden needs the golden directory: add "
+                         "--ptdbg-golden=DIR (or ptdbg_golden in the ini file)")
     return _validate(settings, "pytest-ptdbg options"), dump_dir
 
 
@@ -247,7 +250,7 @@ def per_test(base: Settings, overrides: Mapping[str, Any], where: str) -> Settin
     unknown = [k for k in overrides if k not in PER_TEST_KEYS]
     if unknown:
         raise ValueError(f"{where}: unknown argument(s) {', '.join(map(repr, unknown))}; allowed: "
-                         f"{', '.join(PER_TEST_KEYS[:-1] + tuple(THRESHOLDS))}")
+                         f"{', '.join(PER_TEST_KEYS + tuple(THRESHOLDS))}")
     changes: Dict[str, Any] = {}
     for key, value in overrides.items():
         if value is None:
@@ -277,9 +280,6 @@ def marker_overrides(item: Any) -> Dict[str, Any]:
 
 MARKER_HELP = ("ptdbg(**settings): per-test pytest-ptdbg settings, overriding the command line and "
                "ini: thresholds by name (cosine, max_abs, cosine_hard, max_abs_hard, summary_rel, "
-               "rtol, atol, max_fail_fraction), rule, dtype, device, bench, ignore=[api substrings], only=[...], "
+               "rtol, atol, max_fail_fraction), rule, dtype, device, bench, "
+               "ignore=[api substrings], only=[...], "
                "ignore_optimizer, summary_only, seed, deterministic, random, keep, golden_full")
-
-
-def settings_fields() -> List[str]:
-    return [f.name for f in fields(Settings)]

@@ -7,12 +7,14 @@ No torch here.
 from __future__ import annotations
 
 import datetime
+import html
 import json
 import math
 import os
 from typing import Any, Dict, List, Optional
 
 SUMMARY_NAME = "ptdbg_summary.json"
+INDEX_NAME = "index.html"
 REPORT_ATTR = "ptdbg_entries"
 
 
@@ -57,12 +59,15 @@ def entry_line(entry: Dict[str, Any]) -> str:
 class SessionSummary:
     """Collects entries from reports; writes the JSON and the terminal section."""
 
-    def __init__(self, dump_root: str, golden_root: Optional[str]) -> None:
+    def __init__(self, dump_root: str, golden_root: Optional[str],
+                 run_dir: Optional[str] = None) -> None:
         self.dump_root = dump_root
+        self.run_dir = run_dir or dump_root
         self.golden_root = golden_root
         self.entries: List[Dict[str, Any]] = []
         self.stale: List[Dict[str, Any]] = []
         self.json_path: Optional[str] = None
+        self.index_path: Optional[str] = None
 
     def add_report(self, report: Any) -> None:
         for entry in getattr(report, REPORT_ATTR, None) or ():
@@ -82,6 +87,7 @@ class SessionSummary:
         doc = {
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "dump_dir": self.dump_root,
+            "run_dir": self.run_dir,
             "golden_dir": self.golden_root,
             "counts": self.counts(),
             "tests": sorted(self.entries, key=lambda e: (e.get("nodeid", ""), e.get("call", 0))),
@@ -92,6 +98,42 @@ class SessionSummary:
             json.dump(doc, f, indent=2, default=str, allow_nan=True)
         os.replace(tmp, path)
         self.json_path = path
+        self.index_path = self.write_index()
+        return path
+
+    def write_index(self) -> str:
+        """``index.html`` beside the JSON: one row per comparison, linking its HTML report."""
+        rows = []
+        for e in sorted(self.entries, key=lambda e: (e.get("nodeid", ""), e.get("call", 0))):
+            link = e.get("html")
+            href = os.path.relpath(link, self.dump_root) if link else ""
+            first = e.get("first_suspect") or {}
+            worst = e.get("worst") or {}
+            cells = [
+                html.escape(e.get("nodeid", "") + (f" (call {e['call']})" if e.get("call") else "")),
+                html.escape(e.get("verdict", "")), html.escape(e.get("test_outcome", "")),
+                html.escape(str(worst.get("tensor") or worst.get("api") or "")),
+                html.escape(first.get("api", "")), html.escape(first.get("location", "")),
+                f'<a href="{html.escape(href)}">report</a>' if href else
+                ("" if e.get("kept", True) else "(not kept)"),
+            ]
+            cls = "bad" if e.get("verdict") not in ("passed", "skipped") else ""
+            rows.append(f'<tr class="{cls}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        stale = "".join(f"<li>{html.escape(s['nodeid'])}: {html.escape(s['path'])}</li>"
+                        for s in self.stale)
+        doc = (
+            "<!doctype html><meta charset='utf-8'><title>ptdbg precision summary</title>"
+            "<style>body{font-family:sans-serif}td,th{padding:2px 8px;border-bottom:1px solid #ddd;"
+            "text-align:left;font-size:13px}tr.bad td{color:#a00}</style>"
+            "<h1>ptdbg precision summary</h1>"
+            f"<p>{html.escape(', '.join(f'{v} {k}' for k, v in sorted(self.counts().items())))}"
+            "</p><table><tr><th>test</th><th>verdict</th><th>test outcome</th><th>worst tensor"
+            "</th><th>first suspect</th><th>where</th><th>report</th></tr>" + "".join(rows) +
+            "</table>" + (f"<h2>Stale goldens</h2><ul>{stale}</ul>" if stale else ""))
+        path = os.path.join(self.dump_root, INDEX_NAME)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(doc)
+        os.replace(path + ".tmp", path)
         return path
 
     def write_terminal(self, tr: Any) -> None:
@@ -110,6 +152,12 @@ class SessionSummary:
             for item in self.stale:
                 tr.write_line(f"  {item['nodeid']}  {item['path']}", yellow=True)
         counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts().items()))
-        tr.write_line(f"ptdbg: {counts}; artifacts in {self.dump_root}")
+        expected = sum(1 for e in self.entries
+                       if e.get("verdict") == "failed" and e.get("test_outcome") == "passed")
+        if expected:
+            counts += f" ({expected} failed comparison(s) in passing tests: asserted on purpose)"
+        tr.write_line(f"ptdbg: {counts}; artifacts in {self.run_dir}")
         if self.json_path:
             tr.write_line(f"ptdbg: session summary {self.json_path}")
+        if self.index_path:
+            tr.write_line(f"ptdbg: reports index {self.index_path}")

@@ -7,7 +7,6 @@ optional noise and planted faults, so that two dumps of it can be compared.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
@@ -142,7 +141,3 @@ def mlp_apis(seed: int = 0, noise: float = 0.0, fault: Optional[str] = None, fau
                                               "output.0": (w1 - 0.1 * gw1).astype(np.float32)},
                     [frame(30, "step", "optim.py")], ctx="optimizer"))
     return apis
-
-
-def not_finite(v: float) -> bool:
-    return not math.isfinite(v)

@@ -6,8 +6,9 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
-from example_models.models import cnn, mlp, train_step
+from example_models.models import cnn, mlp, tiny_gpt, train_step
 from pytest_ptdbg import PrecisionDebugger
 from pytest_ptdbg.replay import replay
 from pytest_ptdbg.replay.acl import load_acl_config
@@ -73,6 +74,30 @@ def test_forward_scope_replays_identically(tmp_path):
     (rel,) = _packages(out)
     res = replay(os.path.join(out, rel))
     assert res.identical and res.api == "Functional_linear_1_forward"
+
+
+def test_inplace_optimizer_update(tmp_path):
+    """The SGD step's first in-place update: the package holds the parameter before the update."""
+    model, _ = mlp()
+    first_param = next(model.parameters()).detach().clone()
+    out = _run_acl(tmp_path, mlp, "Tensor_add__0_forward")
+    (rel,) = _packages(out)
+    pkg = load_package(os.path.join(out, rel))
+    assert pkg.meta.get("ctx") == "optimizer"
+    assert np.array_equal(pkg.load_array("input.0"), first_param.numpy())
+    assert not np.array_equal(pkg.load_array("output.0"), first_param.numpy())
+    assert replay(pkg.path).identical
+
+
+def test_random_api_replays_the_same_draws(tmp_path):
+    """Dropout draws from the generator: the package keeps its state from before the call."""
+    out = _run_acl(tmp_path, tiny_gpt, "Functional_dropout_0_forward")
+    (rel,) = _packages(out)
+    pkg = load_package(os.path.join(out, rel))
+    assert pkg.rng == {"device": "cpu", "file": "rng_state.npy"}
+    before = torch.get_rng_state()
+    assert replay(pkg.path).identical
+    assert torch.equal(torch.get_rng_state(), before)  # the caller's generator is left alone
 
 
 def test_backward_scope_with_backward_input(tmp_path, mlp_dump):

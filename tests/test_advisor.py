@@ -133,8 +133,10 @@ def test_own_suspects_ranked_by_growth():
     assert _names(adv, "own") == ["Torch_mul_0_forward", "Torch_matmul_0_forward", "Torch_add_0_forward"]
     assert _names(adv, "inherited") == ["Torch_softmax_0_forward"]
     assert "Torch_sum_0_forward" not in _names(adv)
-    assert advise(t, top=1).suspects[0].api == "Torch_mul_0_forward"
-    assert len(advise(t, top=1).root_causes) == 1
+    one = advise(t, top=1)
+    assert one.suspects[0].api == "Torch_mul_0_forward"
+    assert len(one.root_causes) == 1 and one.n_root_causes == 3
+    assert "3 suspect call(s)" in one.text()
 
 
 def test_noise_crossing_the_threshold_is_not_an_own_suspect():
@@ -145,9 +147,15 @@ def test_noise_crossing_the_threshold_is_not_an_own_suspect():
     ])
     adv = advise(t)
     assert _names(adv, "own") == []
-    assert adv.first.kind == "inherited"
-    assert adv.first.category == at.INPUTS_DIFFER  # nothing recorded created it
+    assert adv.first.kind == "inherited" and adv.first.role == "negligible"
+    assert adv.first.category == at.NEGLIGIBLE and "noise" in adv.first.advice
+    assert adv.n_inherited == 2
     assert advise(t, min_growth=1.2).first.api == "Torch_add_0_forward"
+    # a significant error that nothing recorded created: the inputs differ at the start
+    t2 = synthetic_table([api("Torch_add_0_forward", [2e-3], [3e-3]),
+                          api("Torch_mul_0_forward", [3e-3], [3e-3])])
+    first = advise(t2).first
+    assert first.kind == "inherited" and first.category == at.INPUTS_DIFFER
 
 
 def test_clean_table_says_everything_agrees():
@@ -213,7 +221,7 @@ def test_unpaired_only_with_agreeing_tensors_still_reports_them():
     ("Functional_conv2d_0_backward", {}, at.NONDETERMINISTIC, "seed_all(mode=True)"),
     ("Functional_layer_norm_0_forward", {"dtype": "torch.float16"}, at.LOW_PRECISION, "float16"),
     ("Functional_log_softmax_0_forward", {}, at.REDUCTION, "accumulat"),
-    ("Tensor___mul___0_forward", {}, at.COMPUTATION, "replay"),
+    ("Tensor___mul___0_forward", {}, at.COMPUTATION, "scope=[\"Tensor___mul___0_forward\"]"),
 ])
 def test_category_and_advice_fit_the_api(key, kw, category, needle):
     adv = advise(synthetic_table([api(key, [0.0], [5e-2], **kw)]))
@@ -299,3 +307,41 @@ def test_nothing_compared_is_not_agreement():
     assert "Nothing was compared" in adv.text()
     only_npu = advise(synthetic_table([api("Torch_add_0_forward", side="npu")]))
     assert not only_npu.all_agree and only_npu.first.kind == "unpaired"
+
+
+def test_relu_gradient_flipping_a_few_elements_ranks_after_a_real_origin():
+    # parameter noise moves a few pre-activations across 0: relu's gradient flips there
+    t = synthetic_table([
+        api("Functional_linear_0_forward", [NOISE, NOISE], [NOISE]),
+        api("Functional_relu_0_forward", [NOISE], [NOISE]),
+        api("Torch_mul_0_forward", [NOISE], [3e-3]),                 # the real fault, x3000
+        api("Functional_relu_0_backward", [NOISE], [8e-3]),          # x8000, but only flips
+    ])
+    t.loc[t["NPU Name"] == "Functional_relu_0_backward_output.0", "One Thousandth Err Ratio"] = 0.999
+    adv = advise(t)
+    assert [(s.api, s.role) for s in adv.root_causes] == [
+        ("Torch_mul_0_forward", "origin"), ("Functional_relu_0_backward", "sensitive")]
+    relu = adv.root_causes[1]
+    assert relu.category == at.DISCONTINUOUS and "0.10% of the elements" in relu.advice
+    # when most elements are off, it is not a flip: plain ranking by growth
+    t.loc[t["NPU Name"] == "Functional_relu_0_backward_output.0", "One Thousandth Err Ratio"] = 0.2
+    assert advise(t).first.api == "Functional_relu_0_backward"
+
+
+def test_text_stack_frames_are_understood():
+    frames = ['File "/x/site-packages/torch/nn/functional.py", line 9, in linear, \n return f(x)',
+              "File /proj/net.py, line 31, in forward, \n y = F.linear(x, w)"]
+    assert at.as_frames(frames)[1] == ["/proj/net.py", 31, "forward", "y = F.linear(x, w)"]
+    assert at.format_frame(at.user_frame(frames)) == "/proj/net.py:31 in forward: y = F.linear(x, w)"
+
+
+def test_two_independent_origins_are_both_origins():
+    # B comes after A, but its inputs carry only noise: it did not receive A's error
+    t = synthetic_table([
+        api("Torch_mul_0_forward", [NOISE], [1e-2]),
+        api("Torch_exp_0_forward", [1e-2], [1e-2]),
+        api("Torch_tanh_0_forward", [2 * NOISE], [5e-3]),
+    ])
+    adv = advise(t)
+    assert [(s.api, s.role) for s in adv.root_causes] == [
+        ("Torch_mul_0_forward", "origin"), ("Torch_tanh_0_forward", "origin")]

@@ -37,6 +37,11 @@ def test_compare_passes_and_fails_with_exit_status(pair, tmp_path):
     assert bad.returncode == 1 and "first suspect: Torch_relu_0_forward" in bad.stdout
     csv = [f for f in os.listdir(tmp_path / "b") if f.endswith(".csv")]
     assert "NPU_Stack_Info" in pd.read_csv(tmp_path / "b" / csv[0]).columns
+    pkl = os.path.join(records.rank_dir(str(pair / "npu"), 0, 0), "api_stack_dump.pkl")
+    r = run("compare", pkl, str(pair / "bench"), "-o", str(tmp_path / "c"), "-q")
+    assert r.returncode == 0, r.stderr
+    csv = [f for f in os.listdir(tmp_path / "c") if f.endswith(".csv")]
+    assert "Cosine" in pd.read_csv(tmp_path / "c" / csv[0]).columns   # data found beside the .pkl
 
 
 def test_summary_compare_never_imports_torch(pair, tmp_path):

@@ -183,3 +183,22 @@ def test_progress_log_is_printed(tmp_path, capsys):
     compare(p, str(tmp_path / "out"))
     out = capsys.readouterr().out
     assert "full compare" in out and "tensor pairs" in out and "Suspect Nodes" in out
+
+
+MSPROBE = os.path.join(os.path.dirname(__file__), "data", "msprobe")
+
+
+@pytest.mark.skipif(not os.path.isdir(MSPROBE), reason="no msprobe sample")
+def test_msprobe_dumps(tmp_path):
+    p = {"npu_pkl_path": os.path.join(MSPROBE, "mlp_statistics_bf16"),
+         "bench_pkl_path": os.path.join(MSPROBE, "mlp_statistics_fp32"), "is_print_compare_log": False}
+    ptdbg_rule = compare(p, str(tmp_path / "a"))
+    dtype_rule = compare(p, str(tmp_path / "b"), rule="dtype")
+    for r in (ptdbg_rule, dtype_rule):
+        assert r.summary_compare and r.table["_paired"].all() and r.problems == []
+        assert r.table["NPU Name"].iloc[0] == "Functional.linear.0.forward.input.0"
+    pytest.importorskip("torch")
+    t = os.path.join(MSPROBE, "mlp_tensor")
+    r = compare({"npu_pkl_path": t, "bench_pkl_path": t, "is_print_compare_log": False}, str(tmp_path / "c"))
+    assert not r.summary_compare and r.passed and r.problems == []
+    assert (r.table["Cosine"].dropna() > 1 - 1e-12).all() and r.table["Cosine"].notna().sum() > 20

@@ -46,3 +46,13 @@ def test_mismatched_rank_sets_are_named(tmp_path):
         compare_distributed(npu, bench, str(tmp_path / "out"))
     with pytest.raises(FileNotFoundError, match="missing"):
         compare_distributed(npu, str(tmp_path / "missing"), str(tmp_path / "out"))
+
+
+def test_an_unreadable_rank_is_named_and_the_others_compared(tmp_path):
+    npu = _ranks(str(tmp_path / "npu"), {0: None, 1: None})
+    bench = _ranks(str(tmp_path / "bench"), {0: None, 1: None})
+    os.remove(os.path.join(bench, "rank1", "api_stack_dump.pkl"))
+    res = compare_distributed(npu, bench, str(tmp_path / "out"), is_print_compare_log=False)
+    assert list(res.results) == [(0, 0)] and res.results[(0, 0)].passed
+    assert not res.passed and "rank1" in res.errors[(1, 1)]
+    assert "rank1-rank1: not compared" in res.summary

@@ -75,6 +75,13 @@ def test_scalar_stats():
     assert scalar_stats("x") is None and scalar_stats(None) is None
 
 
+def test_recent_tensors_are_kept_for_the_next_hook():
+    c = StatsCache(keep_recent=2)
+    g = torch.randn(8)
+    first = c.stats(g.view(8))  # the hook's object dies at once; the memory lives on as g
+    assert c.stats(g.view(2, 4).view(8)) is first
+
+
 def test_cache_hits_views_and_misses_after_inplace():
     c = StatsCache()
     x = torch.arange(6.0)
@@ -86,3 +93,31 @@ def test_cache_hits_views_and_misses_after_inplace():
     assert b.stats[0] == 6.0 and c.misses == 2
     y = x.view(2, 3)  # different shape: its own entry
     assert c.stats(y).shape == (2, 3)
+
+
+def test_single_element_tensors():
+    assert tensor_stats(torch.tensor(2.5)).stats == [2.5, 2.5, 2.5, 2.5]
+    assert tensor_stats(torch.tensor([-3.0], dtype=torch.bfloat16)).stats == [-3.0, -3.0, -3.0, 3.0]
+    st = tensor_stats(torch.tensor(float("-inf")))
+    assert (st.nan, st.inf) == (0, 1)
+    assert tensor_stats(torch.tensor(float("nan"))).nan == 1
+
+
+def test_parameter_grad_stays_cached_while_the_parameter_holds_it():
+    c = StatsCache(keep_recent=0)  # only the parameter keeps an entry alive here
+    w = torch.randn(4, requires_grad=True)
+    g = torch.arange(4.0)
+    hook_obj = g.view(4)  # autograd's object in the hook; it dies before the optimizer runs
+    first = c.grad_stats(hook_obj, w)
+    del hook_obj
+    w.grad = g
+    assert c.stats(w.grad) is first and c.hits == 1
+    w.grad.mul_(2)  # changed in place: measured again
+    assert c.stats(w.grad).stats[0] == 6.0
+    w2 = torch.randn(4, requires_grad=True)
+    h = torch.ones(4)
+    c.grad_stats(h.view(4), w2)
+    w2.grad = None  # the parameter let go of the memory: the entry is no longer trusted
+    misses = c.misses
+    c.stats(h)
+    assert c.misses == misses + 1

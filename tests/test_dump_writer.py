@@ -125,3 +125,22 @@ def test_sigkill_leaves_a_readable_dump(tmp_path):
             records.parse_name(rec[0])
             if "npy" in rec[6]:
                 assert os.path.isfile(os.path.join(data, rec[6]["npy"]))
+
+
+def test_async_writer_snapshots_and_orders(tmp_path):
+    from pytest_ptdbg.dump.writer import AsyncRankWriter
+
+    w = AsyncRankWriter(str(tmp_path / "step0" / "rank0"), "api_stack", with_data=True)
+    t = torch.arange(6.0)
+    a = w.save("A_0_forward_output.0", t)
+    b = w.save("B_0_forward_input.0", t.view(6))  # another object over the same data: a link
+    w.write('["line naming A and B"]\n')
+    t.mul_(10)  # changed after save: the file keeps the values at save time
+    c = w.save("B_0_forward_output.0", t)
+    w.close()
+    files = [os.path.join(w.data_dir, n) for n in (a, b, c)]
+    assert np.array_equal(np.load(files[0]), np.arange(6.0, dtype=np.float32))
+    assert os.stat(files[0]).st_ino == os.stat(files[1]).st_ino
+    assert np.array_equal(np.load(files[2]), np.arange(6.0, dtype=np.float32) * 10)
+    with open(w.pkl_path) as f:
+        assert f.read() == '["line naming A and B"]\n'

@@ -6,7 +6,6 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from example_models.models import mlp, tiny_gpt, train_step
 from pytest_ptdbg import PrecisionDebugger

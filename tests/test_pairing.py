@@ -69,8 +69,13 @@ def test_call_index_breaks_ties_unless_fuzzy():
     assert paired(align(npu, bench, fuzzy=True)) == [(0, 0)]   # order only
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_long_sequence_with_random_insertions_and_deletions(seed):
+@pytest.mark.parametrize("seed, windowed", [(0, False), (1, False), (2, False), (3, True)])
+def test_long_sequence_with_random_insertions_and_deletions(seed, windowed, monkeypatch):
+    if windowed:  # align by sliding windows, as for a gap too long for one table
+        from pytest_ptdbg.compare import pairing
+
+        monkeypatch.setattr(pairing, "DP_LIMIT", 10_000)
+        monkeypatch.setattr(pairing, "WINDOW", 60)
     rng = random.Random(seed)
     fams = [f"f{i}" for i in range(12)]
     base = [f"{rng.choice(fams)}:{rng.choice([4, 8])}" for _ in range(400)]

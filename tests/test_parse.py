@@ -26,3 +26,15 @@ def test_parse_tensor_prefix_and_no_match(tmp_path, capsys):
     assert [f["name"] for f in found] == ["Functional_linear_1_backward_output.1"]
     assert parse(str(tmp_path), "Torch_nothing") == []
     assert "no record" in capsys.readouterr().out
+
+
+def test_parse_name_works_whatever_was_imported_first(tmp_path, capsys):
+    import pytest_ptdbg
+    import pytest_ptdbg.compare.table  # noqa: F401  (binds the package attribute "compare")
+    import pytest_ptdbg.parse  # noqa: F401
+
+    dumps.write_dump(str(tmp_path), dumps.mlp_apis())
+    assert pytest_ptdbg.parse(str(tmp_path), "Torch_relu_0_forward")
+    r = pytest_ptdbg.compare({"npu_pkl_path": str(tmp_path), "bench_pkl_path": str(tmp_path),
+                              "is_print_compare_log": False}, str(tmp_path / "out"))
+    assert r.passed

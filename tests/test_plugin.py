@@ -136,9 +136,12 @@ def test_failure_message_names_the_suspect_and_hides_internals(tester):
             result = ptdbg_dump.compare_runs(flipped_step, train_step, model, batch)
             result.assert_precision()
     """)
-    res = tester.runpytest(f"--ptdbg-dump-dir={dump}")
+    res = tester.runpytest(f"--ptdbg-dump-dir={dump}", "--junitxml=out.xml")
     res.assert_outcomes(failed=1)
     out = res.stdout.str()
+    xml = (tester.path / "out.xml").read_text()
+    assert 'name="ptdbg_verdict" value="failed"' in xml
+    assert 'name="ptdbg_first_suspect" value="Tensor_mul_0_forward at ' in xml
     assert "PrecisionError: precision check failed" in out
     assert "first suspect: Tensor_mul_0_forward" in out
     assert "self.fc1(x) * self.k" in out            # where, in the user's code
@@ -176,6 +179,26 @@ def test_bad_option_is_a_usage_error(tester):
     res = tester.runpytest("--ptdbg-rule=fuzzy")
     assert res.ret == pytest.ExitCode.USAGE_ERROR
     res.stderr.fnmatch_lines(["*rule='fuzzy'; allowed: ptdbg, dtype*"])
+    res = tester.runpytest("--ptdbg-update-golden")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["*--ptdbg-update-golden needs the golden directory*"])
+
+
+def test_cli_dtype_runs_the_device_under_test_under_autocast(tester):
+    tester.makepyfile(test_bf="""
+        from netlib import make
+
+        def test_bf16(ptdbg_dump):
+            model, batch = make()
+            result = ptdbg_dump(model, batch)
+            lin = result.table[result.table["_api"] == "Functional_linear_0_forward"]
+            assert set(lin["NPU Tensor Dtype"]) >= {"torch.bfloat16"}
+            assert "torch.bfloat16" not in set(lin["Bench Tensor Dtype"])
+            result.assert_precision()
+    """)
+    res = tester.runpytest("--ptdbg-device=cpu", "--ptdbg-dtype=bf16", "--ptdbg-bench=cpu",
+                           "--ptdbg-rule=dtype", "--ptdbg-rtol=0.05", "--ptdbg-atol=0.01")
+    res.assert_outcomes(passed=1)
 
 
 GOLDEN_TEST = """
@@ -336,3 +359,49 @@ def test_default_dump_dir_follows_basetemp(tester):
     res.assert_outcomes(passed=1)
     assert (base / "ptdbg" / "ptdbg_summary.json").is_file()
     assert (base / "ptdbg" / "test_t.py" / "test_x" / "compare").is_dir()
+
+
+def test_default_dump_dir_is_the_cache_with_one_folder_per_session(tester):
+    """Without --basetemp/--ptdbg-dump-dir (pytester always passes --basetemp: run pytest
+    directly in a subprocess)."""
+    tester.makepyfile(test_r="""
+        from netlib import make
+
+        def test_x(ptdbg_dump):
+            model, batch = make()
+            ptdbg_dump(model, batch, keep="all").assert_precision()
+    """)
+    root = tester.path / ".pytest_cache" / "d" / "ptdbg"
+    root.mkdir(parents=True)
+    for i in range(4):  # three earlier sessions; only the two newest survive the next one
+        (root / f"run-2020010{i}-000000-1").mkdir()
+        os.utime(root / f"run-2020010{i}-000000-1", (1e9 + i, 1e9 + i))
+    res = tester.run(sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:randomly")
+    assert res.ret == 0, res.stdout.str()
+    runs = sorted(p.name for p in root.iterdir() if p.name.startswith("run-"))
+    assert runs[:2] == ["run-20200102-000000-1", "run-20200103-000000-1"] and len(runs) == 3
+    doc = _summary(str(root))
+    assert doc["run_dir"] == str(root / runs[-1])
+    index = (root / "index.html").read_text()
+    assert "test_r.py::test_x" in index and f'href="{runs[-1]}/' in index
+    assert os.path.isfile(doc["tests"][0]["html"])
+
+
+def test_full_tensor_golden_is_compared_tensor_by_tensor(tester):
+    golden = tester.path / "golden"
+    tester.makepyfile(test_f="""
+        from netlib import make
+
+        def test_model(ptdbg_dump):
+            model, batch = make()
+            result = ptdbg_dump(model, batch)
+            assert "Cosine" in result.table.columns      # full compare, not statistics
+            result.assert_precision()
+    """)
+    res = tester.runpytest(f"--ptdbg-golden={golden}", "--ptdbg-update-golden",
+                           "--ptdbg-golden-full")
+    res.assert_outcomes(passed=1)
+    data = golden / "test_f.py" / "test_model" / "ptdbg_dump_v4.0" / "step0" / "rank0" / \
+        "api_stack_dump"
+    assert any(p.suffix == ".npy" for p in data.iterdir())
+    tester.runpytest(f"--ptdbg-golden={golden}").assert_outcomes(passed=1)

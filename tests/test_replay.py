@@ -120,6 +120,19 @@ def test_inplace_api_forward_and_backward(tmp_path):
     assert replay(pkg.path).identical
 
 
+def test_setitem_compares_the_tensor_it_changed(tmp_path):
+    g = _gen(6)
+    x, v = torch.randn(4, 3, generator=g), torch.randn(2, 3, generator=g)
+    before = x.clone()
+    x[1:3] = v  # Tensor.__setitem__ returns None: its result is the changed x
+    pkg = package_call(str(tmp_path / "setitem"), "Tensor___setitem___0_forward",
+                       (before, (slice(1, 3, None),), v), {}, x)
+    res = replay(pkg.path)
+    assert res.identical and [c.key for c in res.checks] == ["output.0"]
+    np.save(os.path.join(pkg.path, "output.0.npy"), before.numpy())  # as if the write was lost
+    assert not replay(pkg.path).passed
+
+
 def test_planted_imprecise_api_is_flagged(tmp_path):
     """A 'kernel' that computes softmax in bfloat16 and gives back float32: replaying the real API
     on the same inputs exposes it, while an exact one replays bit for bit."""

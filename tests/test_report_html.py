@@ -77,3 +77,13 @@ def test_error_plot_handles_zero_nan_inf_and_marks():
     assert svg.count("<polyline") == 2  # 'rel' stops at the NaN (the inf after it is a triangle)
     assert "fill=\"#fee2e2\"" in svg
     assert "no calls" in error_plot(PlotData(names=[], series=[]), "empty")
+
+
+def test_reports_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; import pytest_ptdbg.report.html_report, pytest_ptdbg.report.csv_report, "
+            "pytest_ptdbg.report.advisor_text; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -79,6 +79,10 @@ def test_summary_ptdbg_rule_boundary():
     b = [1.0, -1.0, 0.5, 2.0]
     assert V.summary_verdict([1.5, -1.0, 0.5, 2.0], b) == ("Yes", False)      # rel diff 0.5
     assert V.summary_verdict([1.51, -1.0, 0.5, 2.0], b) == ("No", False)
+    assert V.summary_verdict([1.0, -1.0, 0.5, 3.0], b) == ("Yes", False)      # l2: 0.5 * 2.0
+    assert V.summary_verdict([1.0, -1.0, 0.5, 3.01], b) == ("No", False)
+    # a mean near zero is judged against the tensor's range, not against itself
+    assert V.summary_verdict([1.0, -1.0, -1e-9, 2.0], [1.0, -1.0, 1e-9, 2.0]) == ("Yes", False)
     assert V.summary_verdict(b, b, npu_nonfinite=1) == ("No", True)
     assert V.summary_verdict([float("nan"), -1, 0.5, 2], b) == ("No", True)
     assert V.summary_verdict([], []) == ("", False)

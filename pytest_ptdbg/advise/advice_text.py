@@ -24,6 +24,8 @@ NONDETERMINISTIC = "non-deterministic kernel"
 REDUCTION = "reduction or normalisation"
 INHERITED = "inherited error"
 INPUTS_DIFFER = "inputs differ at the start"
+NEGLIGIBLE = "negligible difference"
+DISCONTINUOUS = "branch flip (discontinuous op)"
 COMPUTATION = "computation"
 
 _RANDOM_OPS = {
@@ -53,9 +55,20 @@ _NONDETERMINISTIC_OPS = {
     "embedding_bag", "ctc_loss", "nll_loss", "interpolate", "upsample", "upsample_bilinear",
     "upsample_nearest", "grid_sample", "max_pool1d", "max_pool2d", "max_pool3d",
     "adaptive_max_pool2d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool2d",
-    "adaptive_avg_pool3d", "lstm", "gru", "rnn_tanh", "rnn_relu", "layer_norm",
+    "adaptive_avg_pool3d", "lstm", "gru", "rnn_tanh", "rnn_relu",
     "scaled_dot_product_attention", "cumsum", "histc", "bincount", "kthvalue", "median",
     "gather", "index_select", "take_along_dim",
+}
+#: ops whose output (or gradient) jumps at a threshold: a tiny input difference flips a branch
+_DISCONTINUOUS_OPS = {
+    "relu", "relu6", "threshold", "hardtanh", "hardsigmoid", "hardswish", "hardshrink",
+    "softshrink", "leaky_relu", "prelu", "clamp", "clip", "clamp_min", "clamp_max", "max", "min",
+    "maximum", "minimum", "fmax", "fmin", "amax", "amin", "where", "abs", "sign", "sgn", "floor",
+    "ceil", "round", "trunc", "frac", "argmax", "argmin", "sort", "argsort", "topk", "kthvalue",
+    "median", "mode", "max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d",
+    "adaptive_max_pool2d", "adaptive_max_pool3d", "max_pool1d_with_indices",
+    "max_pool2d_with_indices", "gt", "lt", "ge", "le", "eq", "ne", "greater", "less",
+    "heaviside", "bucketize", "searchsorted", "histc", "unique", "nonzero", "masked_select",
 }
 _LOW_PRECISION = {"torch.float16": ("float16", 2.0 ** -11), "torch.bfloat16": ("bfloat16", 2.0 ** -8),
                   "float16": ("float16", 2.0 ** -11), "bfloat16": ("bfloat16", 2.0 ** -8),
@@ -63,7 +76,7 @@ _LOW_PRECISION = {"torch.float16": ("float16", 2.0 ** -11), "torch.bfloat16": ("
 
 
 def op_name(family: str) -> str:
-    """The bare operator of ``{Type}_{api}``: ``Tensor___matmul___`` -> ``matmul``, ``Tensor_add_`` -> ``add``."""
+    """The bare operator of ``{Type}_{api}``: ``Tensor___matmul___`` -> ``matmul``."""
     name = family.split("_", 1)[1] if "_" in family else family
     name = name.strip("_").lower()
     name = re.sub(r"^(npu_|native_)", "", name) if name not in _BATCH_NORM_OPS else name
@@ -98,6 +111,8 @@ def categorize(family: str, kind: str, ctx: str = "",
         return BATCH_NORM
     if _low_precision(list(npu_dtypes) + list(bench_dtypes)):
         return LOW_PRECISION
+    if op in _DISCONTINUOUS_OPS:
+        return DISCONTINUOUS
     if op in _NONDETERMINISTIC_OPS or op.startswith(("conv", "upsample")):
         return NONDETERMINISTIC
     if op in _REDUCTION_OPS or op.endswith(("_loss", "norm")):
@@ -129,6 +144,8 @@ def fmt_growth(g: Optional[float], carried_nonfinite: bool = False) -> str:
         return "n/a"
     if math.isinf(g):
         return "new NaN/Inf"
+    if g < 1:
+        return f"x{g:.2g}"
     if g < 10:
         return f"x{g:.1f}"
     if g < 1e4:
@@ -156,6 +173,26 @@ def _is_library_frame(path: str) -> bool:
     return False
 
 
+_FRAME_TEXT = re.compile(r'^\s*File\s+"?(?P<file>[^",]+)"?,\s*line\s+(?P<line>\d+),\s*in\s+'
+                         r'(?P<func>[^,\n]+),?\s*(?P<code>.*)$', re.S)
+
+
+def as_frames(stack: object) -> list:
+    """``[[file, line, function, code], ...]`` from a stored stack; text frames
+    (``'File "a.py", line 3, in f, \n code'``) are parsed, anything else is dropped."""
+    if not isinstance(stack, (list, tuple)):
+        return []
+    out = []
+    for f in stack:
+        if isinstance(f, (list, tuple)) and len(f) >= 3:
+            out.append(list(f))
+        elif isinstance(f, str):
+            m = _FRAME_TEXT.match(f)
+            if m:
+                out.append([m["file"].strip(), int(m["line"]), m["func"].strip(), m["code"].strip()])
+    return out
+
+
 def user_frame(stack: Optional[Sequence[Sequence[object]]]) -> Optional[Sequence[object]]:
     """The first frame of ``stack`` outside torch and this tool (``[file, line, function, code]``).
 
@@ -164,7 +201,7 @@ def user_frame(stack: Optional[Sequence[Sequence[object]]]) -> Optional[Sequence
     """
     if not stack:
         return None
-    frames = [f for f in stack if isinstance(f, (list, tuple)) and len(f) >= 3]
+    frames = as_frames(stack)
     for f in frames:
         if not _is_library_frame(str(f[0])):
             return f
@@ -185,9 +222,7 @@ def format_stack(stack: Optional[Sequence[Sequence[object]]]) -> str:
     if not stack:
         return ""
     out = []
-    for f in stack:
-        if not isinstance(f, (list, tuple)) or len(f) < 3:
-            continue
+    for f in as_frames(stack):
         out.append(f'File "{f[0]}", line {f[1]}, in {f[2]}')
         if len(f) > 3 and f[3]:
             out.append(f"    {str(f[3]).strip()}")
@@ -205,7 +240,7 @@ def _where(direction: str) -> Tuple[str, str]:
 def advice_for(category: str, kind: str, family: str, direction: str, input_error: float,
                output_error: float, growth: float, npu_dtypes: Sequence[str] = (),
                bench_dtypes: Sequence[str] = (), side: str = "", upstream: str = "",
-               role: str = "") -> str:
+               role: str = "", flip: Optional[float] = None, api: str = "") -> str:
     """Plain-English advice for one suspect: what happened, why it may happen, what to try."""
     op = op_name(family)
     ins, outs = _where(direction)
@@ -224,6 +259,9 @@ def advice_for(category: str, kind: str, family: str, direction: str, input_erro
                 "it is ill-conditioned for these inputs (cancellation, division by small values, "
                 "or an update such as Adam's first step g/|g| that turns tiny differences into "
                 "large ones). Fix the earlier suspect first. ")
+    elif kind == "own" and category == DISCONTINUOUS:
+        what = (f"{Ins} agree closely with the bench (error {fmt_err(input_error)}) but {outs} "
+                f"do not (error {fmt_err(output_error)}, {fmt_growth(growth)}). ")
     elif kind == "own":
         if input_error < 1e-5:
             what = (f"{Ins} agree with the bench (error {fmt_err(input_error)}) "
@@ -233,8 +271,12 @@ def advice_for(category: str, kind: str, family: str, direction: str, input_erro
             what = (f"{Ins} differ only slightly (error {fmt_err(input_error)}), "
                     f"{outs} much more (error {fmt_err(output_error)}, {fmt_growth(growth)}): "
                     "this call adds or strongly amplifies the error. ")
-    if direction == "backward" and kind == "own":
+    if direction == "backward" and kind == "own" and role != "amplifier" and input_error < 1e-4:
         what += "Only its backward is wrong: the forward agrees. "
+    key = api or f"{family}_<k>_{direction}"
+    replay = (f"Replay this call alone to confirm: dump it with configure_hook(mode=\"acl\", "
+              f"scope=[\"{key}\"], acl_config=...) and run `ptdbg replay PACKAGE` on both "
+              "devices (--dtype float64 for an oracle).")
     lp = _low_precision(list(npu_dtypes) + list(bench_dtypes))
 
     if category == NONFINITE:
@@ -254,6 +296,16 @@ def advice_for(category: str, kind: str, family: str, direction: str, input_erro
                 "two runs, or something not recorded (an in-place write, a custom kernel, a copy "
                 "from another device) changed them. Check seeds (seed_all), data loading and "
                 "checkpoint loading.")
+    if category == NEGLIGIBLE:
+        if role.endswith("summary"):
+            return (f"It agrees with the bench to {fmt_err(output_error)} (of its range), yet fails "
+                    "the rule: in a statistics-only compare a statistic near zero (e.g. the mean of "
+                    "a gradient) gives a large relative difference for a tiny absolute one. Compare "
+                    "full tensors, or use the dtype-aware rule; it is not a precision problem.")
+        return (f"It differs from the bench by only {fmt_err(output_error)}, about the noise the "
+                "run carries, yet fails the rule: the tolerance is stricter than that noise (e.g. "
+                "float32's rtol 1.3e-6 after many ops). Loosen the tolerance for it (or ignore "
+                "it); it is not where precision is lost.")
     if category == INHERITED:
         src = f" (from {upstream})" if upstream else ""
         if math.isinf(input_error):
@@ -278,18 +330,26 @@ def advice_for(category: str, kind: str, family: str, direction: str, input_erro
                      "running_mean / running_var. Compare with training=False (model.eval()) or "
                      "with fixed statistics; check momentum, eps and whether the running statistics "
                      "were the same at the start."),
+        DISCONTINUOUS: (f"{op} jumps at a threshold (its value or its gradient): an input that "
+                        "differs by a rounding error next to the threshold takes the other branch, "
+                        "so a few elements differ completely while the rest agree"
+                        + (f" (here {flip:.2%} of the elements differ by more than 0.1%)"
+                           if flip is not None and not math.isnan(flip) else "")
+                        + ". That is sensitivity, not lost precision: if the elements that flip "
+                        "are few, loosen the check for this op (ignore it, or max_fail_fraction) "
+                        "rather than chase it; if many flip, look upstream for what moved its "
+                        "inputs."),
         NONDETERMINISTIC: (f"{op} may use non-deterministic kernels (atomic adds, algorithm choice "
                            "by shape) whose summation order varies from run to run. Re-run both "
                            "sides with seed_all(mode=True) (deterministic algorithms): if the "
                            "difference goes away it was ordering noise; if not, the kernel itself "
-                           "is less precise - replay this call alone with its dumped inputs."),
+                           "is less precise. " + replay),
         REDUCTION: (f"{op} reduces or normalises many values: accumulation order and accumulation "
                     "precision matter, and large dynamic range or cancellation (x - mean) loses "
                     "digits. Accumulate in float32 (or float64 for the check), subtract the max "
                     "before exp, and compare the input ranges."),
-        COMPUTATION: (f"Check {op}'s implementation on the device: replay this call alone with "
-                      "its dumped inputs on both devices to confirm, and look for a different "
-                      "algorithm, an implicit cast, or an in-place write."),
+        COMPUTATION: (f"Check {op}'s implementation on the device: a different algorithm, an "
+                      "implicit cast, or an in-place write. " + replay),
     }
     if category == LOW_PRECISION and lp:
         name, u = lp

@@ -17,8 +17,19 @@ The error of one tensor is ``max(1 - cosine, relative L2 error)`` (whichever the
 * ``inherited``  - an output fails but its error is about what it received;
 * ``unpaired``   - the call exists on one side only.
 
-Ranking: nonfinite (earliest first), own (largest growth first), unpaired calls that come before
-the first inherited error, then inherited (earliest first), then the other unpaired calls.
+An own suspect's ``role``: ``origin`` (it creates the error), ``amplifier`` (its input error is
+explained by an earlier suspect's output error, and it grows it), or ``latent``: a call that
+passes its own verdict (e.g. within float16's tolerance) but whose error, of the same size,
+is what a later call fails with while inheriting it - found by tracing an unexplained inherited
+failure back to the earlier call with the largest growth and an output error of that size.
+
+Ranking: nonfinite (earliest first); origins and latent origins (largest growth first);
+"sensitive" origins (a discontinuous op - relu's gradient, max_pool, comparisons - where only a
+few elements flip on tiny input differences); amplifiers; unpaired calls that come before the
+first inherited error; inherited calls (earliest first); the other unpaired calls.
+
+Thresholds are module constants below; they assume float32 noise levels (NOISE_FLOOR,
+SIGNIFICANT) and are relative otherwise.
 """
 from __future__ import annotations
 
@@ -42,6 +53,11 @@ EXPLAIN_RATIO = 0.01
 LATENT_RATIO = 0.1
 #: Input errors above this are not float32 noise: an own failure receiving them is traced back.
 SIGNIFICANT = 1e-4
+#: The same for a summary compare, whose statistics show only part of an input's error.
+SIGNIFICANT_SUMMARY = 1e-5
+#: A discontinuous op whose failing output has fewer elements than this share off by > 0.1%
+#: only flipped branches (role "sensitive").
+FLIP_FRACTION = 0.05
 
 REQUIRED_COLUMNS = ("_api", "_family", "_direction", "_io", "_order", "_paired", "_rel_l2",
                     "_nan_mismatch", "_passed")
@@ -71,7 +87,9 @@ class Suspect:
     order: int = 0
     side: str = ""  # unpaired: "NPU" or "bench"
     #: own: "origin" (creates the error), "amplifier" (grows error it received), "latent"
-    #: (passes its own verdict, but creates the error that fails later)
+    #: (passes its own verdict, but creates the error that fails later), "sensitive" (a
+    #: discontinuous op where a few elements flip on tiny input differences); inherited:
+    #: "negligible" (fails the rule with an error at noise level)
     role: str = ""
 
     @property
@@ -110,6 +128,8 @@ class Advice:
     n_failed: int = 0
     n_inherited: int = 0
     n_unpaired: int = 0
+    #: root-cause calls found (nonfinite, own, unpaired) before ``top`` cut the list
+    n_root_causes: int = 0
 
     @property
     def first(self) -> Optional[Suspect]:
@@ -136,7 +156,8 @@ class Advice:
                       f"Expert Advice: {first.advice}"]
         lines.append("")
         lines.append(f"Summary: {self.n_compared} of {self.n_rows} tensor rows compared, "
-                     f"{self.n_failed} fail the verdict; {len(self.root_causes)} suspect call(s), "
+                     f"{self.n_failed} fail the verdict; "
+                     f"{max(self.n_root_causes, len(self.root_causes))} suspect call(s), "
                      f"{self.n_inherited} call(s) with inherited error, "
                      f"{self.n_unpaired} unpaired call(s).")
         if self.all_agree and first is None:
@@ -151,7 +172,8 @@ class Advice:
             lines += ["", "Inherited errors (these calls only pass on error they received; "
                       "not root causes):"]
             for s in inh:
-                lines.append(f"  - {s.api} (CSV line {s.csv_line}): input error "
+                tag = " [negligible: fails a strict rule at noise level]" if s.role == "negligible" else ""
+                lines.append(f"  - {s.api}{tag} (CSV line {s.csv_line}): input error "
                              f"{at.fmt_err(s.input_error)}, output error "
                              f"{at.fmt_err(s.output_error)} ({s.growth_text})"
                              f"  at {s.location}")
@@ -167,6 +189,7 @@ class Advice:
             "all_agree": self.all_agree,
             "n_rows": self.n_rows, "n_compared": self.n_compared, "n_failed": self.n_failed,
             "n_inherited": self.n_inherited, "n_unpaired": self.n_unpaired,
+            "n_root_causes": self.n_root_causes,
             "first": self.first.api if self.first else None,
             "suspects": [s.to_dict() for s in self.suspects],
         }
@@ -176,7 +199,9 @@ def _suspect_lines(i: int, s: Suspect) -> List[str]:
     kind = {"own": "own error", "nonfinite": "NaN/Inf appears here",
             "unpaired": f"only on the {s.side or 'one'} side"}.get(s.kind, s.kind)
     kind += {"amplifier": ", amplifies an earlier error",
-             "latent": ", passes its own verdict but causes a later failure"}.get(s.role, "")
+             "sensitive": ", a few elements flip on tiny input differences",
+             "latent": ", passes its own verdict but causes a later failure",
+             "negligible": ", negligible difference"}.get(s.role, "")
     out = [f"{i}. {s.api}  [{kind}; {s.direction}; {s.category}]  CSV line {s.csv_line}"]
     if s.kind != "unpaired":
         out.append(f"   error {at.fmt_err(s.input_error)} in -> {at.fmt_err(s.output_error)} out "
@@ -191,6 +216,9 @@ def _suspect_lines(i: int, s: Suspect) -> List[str]:
 def row_errors(table: pd.DataFrame) -> np.ndarray:
     """Per-row error ``max(1 - cosine, _rel_l2)``; inf where NaN/Inf positions differ.
 
+    Summary compare (statistics only) adds the largest of |max diff|, |min diff|, |mean diff|
+    divided by the bench's range ``max(|max|, |min|)``: a local change moves the extremes more
+    than the L2 norm.
     An infinite ``_rel_l2`` (bench all zero, NPU not) counts as 1.0.
     Unpaired rows get NaN. A compared row with neither measure (shape mismatch, empty) gets 1.0
     when it fails the verdict and 0.0 when it passes.
@@ -201,10 +229,16 @@ def row_errors(table: pd.DataFrame) -> np.ndarray:
         e_cos = np.clip(1.0 - cos, 0.0, None)
     else:
         e_cos = np.full(n, np.nan)
-    rel = pd.to_numeric(table["_rel_l2"], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    rel = _numbers(table, "_rel_l2")
     rel = np.where(np.isinf(rel), 1.0, np.abs(rel))  # inf: the bench is all zero, the NPU not
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):
         err = np.fmax(e_cos, rel)
+        if "Max diff" in table.columns:  # summary compare: also the statistics, against the range
+            scale = np.fmax(np.abs(_numbers(table, "Bench max")), np.abs(_numbers(table, "Bench min")))
+            diffs = np.fmax(np.fmax(np.abs(_numbers(table, "Max diff")), np.abs(_numbers(table, "Min diff"))),
+                            np.abs(_numbers(table, "Mean diff")))
+            by_range = np.where(scale > 0, diffs / scale, np.where(diffs > 0, 1.0, 0.0))
+            err = np.fmax(err, np.where(np.isfinite(by_range), by_range, np.nan))
     passed = _bool(table["_passed"], True)
     paired = _bool(table["_paired"], False)
     nanm = _bool(table["_nan_mismatch"], False)
@@ -212,6 +246,12 @@ def row_errors(table: pd.DataFrame) -> np.ndarray:
     err = np.where(missing & ~passed, 1.0, np.where(missing, 0.0, err))
     err = np.where(nanm, np.inf, err)
     return np.where(paired, err, np.nan)
+
+
+def _numbers(table: pd.DataFrame, col: str) -> np.ndarray:
+    if col not in table.columns:
+        return np.full(len(table), np.nan)
+    return pd.to_numeric(table[col], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
 
 
 def _bool(col: pd.Series, default: bool) -> np.ndarray:
@@ -276,9 +316,13 @@ def _api_views(table: pd.DataFrame, err: np.ndarray) -> List[_ApiView]:
     order = pd.to_numeric(table["_order"], errors="coerce").fillna(-1).to_numpy()
     ctx = (table["_ctx"].fillna("").astype(str).to_numpy() if "_ctx" in table.columns
            else np.array([""] * n, dtype=object))
-    stack = table["_stack"].to_numpy() if "_stack" in table.columns else np.array([None] * n, dtype=object)
-    ndt = table["NPU Tensor Dtype"].fillna("").astype(str).to_numpy() if "NPU Tensor Dtype" in table.columns else None
-    bdt = table["Bench Tensor Dtype"].fillna("").astype(str).to_numpy() if "Bench Tensor Dtype" in table.columns else None
+    stack = (table["_stack"].to_numpy() if "_stack" in table.columns
+             else np.array([None] * n, dtype=object))
+
+    def text_col(name: str) -> Optional[np.ndarray]:
+        return table[name].fillna("").astype(str).to_numpy() if name in table.columns else None
+
+    ndt, bdt = text_col("NPU Tensor Dtype"), text_col("Bench Tensor Dtype")
 
     views: Dict[str, _ApiView] = {}
     for i in range(n):
@@ -329,6 +373,14 @@ def _api_views(table: pd.DataFrame, err: np.ndarray) -> List[_ApiView]:
     return sorted(views.values(), key=lambda v: (v.order, v.first_row))
 
 
+def _flip_fraction(table: pd.DataFrame, row: int) -> float:
+    """Share of the row's elements off by more than 0.1% (1 - pass fraction); NaN when unknown."""
+    if row < 0 or "One Thousandth Err Ratio" not in table.columns:
+        return math.nan
+    v = pd.to_numeric(pd.Series([table.at[row, "One Thousandth Err Ratio"]]), errors="coerce").iloc[0]
+    return 1.0 - float(v) if v == v else math.nan
+
+
 def _growth(out_err: float, in_err: float) -> float:
     if math.isinf(out_err):
         return 1.0 if math.isinf(in_err) else math.inf
@@ -370,6 +422,13 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
         elif not v.out_nan and _growth(v.out_err, v.in_err) >= min_growth:
             latent_pool.append(v)
 
+    # failures whose error is below what counts as significant: the rule is stricter than the
+    # noise (or, in a summary compare, a statistic near zero has a large relative difference)
+    significant = SIGNIFICANT_SUMMARY if "Max diff" in table.columns else SIGNIFICANT
+    negligible = [v for v in inherited if not v.in_nan and v.out_err < significant]
+    neg_ids = {id(v) for v in negligible}
+    inherited = [v for v in inherited if id(v) not in neg_ids]
+
     # Who explains whom: a failure whose input error is comparable to an earlier origin's output
     # error received it from there (an "amplifier" when it then grows it >= min_growth times).
     # A failure nothing explains is traced back to the call that created an error of that size
@@ -381,14 +440,13 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
     def explained(f: _ApiView) -> bool:
         return any(s.order < f.order and s.out_err >= EXPLAIN_RATIO * f.in_err for s in sources)
 
+    own_ids = {id(o) for o in own}
     for f in sorted(own + inherited, key=lambda v: (v.order, v.first_row)):
-        is_own = any(f is o for o in own)
-        if is_own and f.in_err <= NOISE_FLOOR * min_growth:
-            roles[id(f)] = "origin"  # its inputs agree with the bench
+        is_own = id(f) in own_ids
+        if is_own and f.in_err < significant:
+            roles[id(f)] = "origin"  # its inputs agree with the bench up to float noise
         elif explained(f):
             roles[id(f)] = "amplifier" if is_own else ""
-        elif is_own and f.in_err < SIGNIFICANT:
-            roles[id(f)] = "origin"
         else:
             cands = [y for y in latent_pool if y.order < f.order
                      and LATENT_RATIO * f.in_err <= y.out_err <= f.in_err / LATENT_RATIO
@@ -405,7 +463,15 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
     def by_growth(vs: List[_ApiView]) -> List[_ApiView]:
         return sorted(vs, key=lambda v: (-_growth(v.out_err, v.in_err), v.order))
 
-    origins = by_growth([v for v in own if roles.get(id(v)) == "origin"] + latent)
+    # an origin that only flips a few elements of a discontinuous op (relu's gradient, max_pool,
+    # comparisons) on tiny input differences is sensitivity, ranked after the real origins
+    for v in own:
+        if (roles.get(id(v)) == "origin" and v.in_err > 0
+                and at.categorize(v.family, "own", v.ctx) == at.DISCONTINUOUS
+                and _flip_fraction(table, v.fail_row) < FLIP_FRACTION):
+            roles[id(v)] = "sensitive"
+    origins = by_growth([v for v in own if roles.get(id(v)) == "origin"] + latent
+                        ) + by_growth([v for v in own if roles.get(id(v)) == "sensitive"])
     amplifiers = by_growth([v for v in own if roles.get(id(v)) == "amplifier"])
     first_inh = inherited[0].order if inherited else math.inf
     early_unp = [v for v in unpaired if v.order <= first_inh]
@@ -422,6 +488,8 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
         up = max(before, key=lambda c: c.order).api if before else ""
         # the earliest inherited error with no recorded cause before it: the inputs differ at the start
         suspects.append(_suspect(table, v, "inherited", upstream=up, start=j == 0 and not before))
+    suspects += [_suspect(table, v, "inherited", role="negligible",
+                          summary="Max diff" in table.columns) for v in negligible[:top]]
     left = top - len(ranked)
     suspects += [_suspect(table, v, "unpaired") for v in late_unp[:max(left, 0)]]
 
@@ -431,12 +499,13 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
         suspects=suspects,
         all_agree=n_failed == 0 and not any_nan and bool(paired.any()),
         n_rows=len(table), n_compared=int(paired.sum()), n_failed=n_failed,
-        n_inherited=len(inherited), n_unpaired=len(unpaired),
+        n_inherited=len(inherited) + len(negligible), n_unpaired=len(unpaired),
+        n_root_causes=len(nonfinite) + len(origins) + len(amplifiers) + len(unpaired),
     )
 
 
 def _suspect(table: pd.DataFrame, v: _ApiView, kind: str, upstream: str = "",
-             start: bool = False, role: str = "") -> Suspect:
+             start: bool = False, role: str = "", summary: bool = False) -> Suspect:
     row = {"nonfinite": v.nan_row, "own": v.fail_row if v.fail_row >= 0 else v.err_row,
            "inherited": v.fail_row}.get(kind, v.first_row)
     row = v.first_row if row < 0 else row
@@ -444,8 +513,12 @@ def _suspect(table: pd.DataFrame, v: _ApiView, kind: str, upstream: str = "",
     cat = at.categorize(v.family, kind, v.ctx, v.npu_dtypes, v.bench_dtypes)
     if start:
         cat = at.INPUTS_DIFFER
+    if role == "negligible":
+        cat = at.NEGLIGIBLE
+        role = "negligible:summary" if summary else role
     adv = at.advice_for(cat, kind, v.family, v.direction, v.in_err, v.out_err, g,
-                        v.npu_dtypes, v.bench_dtypes, side=v.side, upstream=upstream, role=role)
+                        v.npu_dtypes, v.bench_dtypes, side=v.side, upstream=upstream, role=role,
+                        flip=_flip_fraction(table, row), api=v.api)
     msg = str(table.at[row, "Err_message"]) if "Err_message" in table.columns and row >= 0 else ""
     if kind == "own" and ("shape" in msg.lower() or "unmatched" in msg.lower()):
         adv = f"The shapes differ from the bench ({msg}): a different code path or API semantics. " + adv
@@ -459,6 +532,5 @@ def _suspect(table: pd.DataFrame, v: _ApiView, kind: str, upstream: str = "",
 
 
 def _plain_stack(stack: Any) -> Optional[list]:
-    if stack is None:
-        return None
-    return [list(f) if isinstance(f, (list, tuple)) else [str(f)] for f in stack]
+    frames = at.as_frames(stack)
+    return frames or None

@@ -16,8 +16,12 @@ observed (``own_error >= OWN_SHARE * observed_error``, and above float noise) th
 imprecise on the device (``verdict="own"``); otherwise its output differs only because its inputs
 did and it passes that difference on, amplified ``amplification`` times (``"inherited"``).
 
-This module imports torch (through ``replay``); the compare path calls it lazily, only when both
-dumps hold full tensors.
+Importing this module does not import torch; running a check does (through ``replay``). The
+compare path should call it only when the dumps hold full tensors (``Dump.has_data``)::
+
+    from pytest_ptdbg.advise.replay_check import check_suspects, replay_section
+    verdicts = check_suspects(advice, npu_dump, bench_dump, bench_device="cpu")  # dirs or read Dumps
+    text = advice.text() + "\n" + replay_section(verdicts)
 """
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ from pytest_ptdbg.capture.sink import ApiCall, iter_tensors, outputs_of
 __all__ = ["CaptureEngine"]
 
 _Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
 
 #: torch.distributed functions wrapped while started (those that exist in this torch)
 DIST_FUNCS = (
@@ -52,7 +53,7 @@ class _Mode(TorchFunctionMode):
         hit = names.classify(func)
         if hit is None:
             return func(*args, **kwargs)
-        return eng.handle(hit[0], hit[1], func, args, kwargs, 2)
+        return eng.handle(hit, func, args, kwargs)
 
 
 class CaptureEngine:
@@ -73,6 +74,7 @@ class CaptureEngine:
         self._mode: Optional[_Mode] = None
         self._hooks: list = []
         self._patched: List[Tuple[Any, str, Any]] = []
+        self._wrappers: Optional[List[Tuple[Any, str, Any, Any]]] = None  # built at first start
         self._thread: Optional[int] = None
 
     # -- start / stop ------------------------------------------------------------------------
@@ -96,8 +98,14 @@ class CaptureEngine:
             self._hooks.append(register_optimizer_step_post_hook(self._opt_post))
         except ImportError:  # pragma: no cover - torch < 2.0
             pass
-        self._patch_distributed()
-        self._patch_npu()
+        if self._wrappers is None:
+            self._wrappers = []
+            self._patch_distributed()
+            self._patch_npu()
+        for owner, attr, orig, wrapper in self._wrappers:
+            if getattr(owner, attr, None) is orig:
+                setattr(owner, attr, wrapper)
+                self._patched.append((owner, attr, orig))
 
     def stop(self) -> None:
         if not self.started:
@@ -132,18 +140,18 @@ class CaptureEngine:
         if orig is None or not callable(orig) or getattr(orig, "_ptdbg_wrapped", False):
             return
         engine = self
+        hit = (api_type, name)
 
         def wrapper(*args, **kwargs):
             if not engine.started or engine.busy or engine.depth or threading.get_ident() != engine._thread:
                 return orig(*args, **kwargs)
-            return engine.handle(api_type, name, orig, args, kwargs, 2, wrapped=True)
+            return engine.handle(hit, orig, args, kwargs, wrapped=True)
 
         wrapper._ptdbg_wrapped = True  # type: ignore[attr-defined]
         wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
         wrapper.__name__ = getattr(orig, "__name__", attr)
         wrapper.__doc__ = getattr(orig, "__doc__", None)
-        setattr(owner, attr, wrapper)
-        self._patched.append((owner, attr, orig))
+        self._wrappers.append((owner, attr, orig, wrapper))
 
     def _patch_distributed(self) -> None:
         try:
@@ -170,17 +178,17 @@ class CaptureEngine:
                     self._wrap(mod, fname, "NPU", fname)
 
     # -- one call ----------------------------------------------------------------------------
-    def handle(self, api_type: str, name: str, func: Callable, args: tuple, kwargs: dict, frame_depth: int,
-               wrapped: bool = False) -> Any:
-        """Run ``func`` as one recorded API call."""
-        key = (api_type, name)
-        k = self.counters.get(key, 0)
-        self.counters[key] = k + 1
+    def handle(self, hit: Tuple[str, str], func: Callable, args: tuple, kwargs: dict, wrapped: bool = False) -> Any:
+        """Run ``func`` as one recorded API call; ``hit`` is its ``(Type, name)``."""
+        counters = self.counters
+        k = counters.get(hit, 0)
+        counters[hit] = k + 1
         seq = self.seq
         self.seq = seq + 1
-        inplace = wrapped and api_type == "Distributed" or names.is_inplace(api_type, name, args, kwargs)
+        api_type, name = hit
+        inplace = (wrapped and api_type == "Distributed") or names.is_inplace(api_type, name, args, kwargs)
         call = ApiCall(api_type, name, k, func, args, kwargs, "optimizer" if self.opt_depth else "",
-                       inplace, seq, sys._getframe(frame_depth))
+                       inplace, seq, sys._getframe(2))
         self.busy = True
         try:
             wanted = [s for s in self.sinks if s.start_call(call)]
@@ -197,7 +205,7 @@ class CaptureEngine:
             return func(*args, **kwargs)
         bw = [s for s in wanted if getattr(s, "wants_backward", True)]
         aliases: list = []
-        if bw and api_type != "Distributed" and torch.is_grad_enabled() and not (kwargs and "out" in kwargs):
+        if bw and api_type != "Distributed" and _grad_enabled() and not (kwargs and "out" in kwargs):
             args, kwargs, aliases = _alias_inputs(args, kwargs, skip_first=inplace)
         if wrapped:
             self.depth += 1
@@ -214,7 +222,7 @@ class CaptureEngine:
         try:
             for s in wanted:
                 s.end_call(call)
-            if bw and torch.is_grad_enabled():
+            if bw and _grad_enabled():
                 self._tap_backward(call, bw, out, aliases, same)
         finally:
             self.busy = False
@@ -224,12 +232,19 @@ class CaptureEngine:
     # -- backward ------------------------------------------------------------------------------
     def _tap_backward(self, call: ApiCall, sinks: list, out: Any, aliases: list, same: set) -> None:
         seen = same  # outputs that are an input given back unchanged get no tap
+        if isinstance(out, _Tensor):
+            if out.requires_grad and id(out) not in seen:
+                out.register_hook(self._make_hook(call, sinks, "input", (0,)))
+        else:
+            self._tap_outputs(call, sinks, out, seen)
+        for idx, alias, orig in aliases:
+            alias.register_hook(self._make_hook(call, sinks, "output", idx))
+
+    def _tap_outputs(self, call: ApiCall, sinks: list, out: Any, seen: set) -> None:
         for idx, t in iter_tensors(outputs_of(out)):
             if isinstance(t, _Tensor) and t.requires_grad and id(t) not in seen:
                 seen.add(id(t))
                 t.register_hook(self._make_hook(call, sinks, "input", idx))
-        for idx, alias, orig in aliases:
-            alias.register_hook(self._make_hook(call, sinks, "output", idx))
 
     def _make_hook(self, call: ApiCall, sinks: list, io: str, idx: Tuple[int, ...]) -> Callable:
         engine = self

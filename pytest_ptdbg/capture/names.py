@@ -150,13 +150,17 @@ def inplace_position(name: str) -> Optional[int]:
     return _INPLACE_POS.get(name)
 
 
+_STATIC_INPLACE: Dict[str, bool] = {}
+
+
 def is_inplace(api_type: str, name: str, args: tuple, kwargs: dict) -> bool:
     """Whether a call modifies one of its inputs (``add_``, ``__iadd__``, ``out=``, ``inplace=True``)."""
     if kwargs and kwargs.get("out") is not None:
         return True
-    if name in INPLACE_DUNDERS:
-        return True
-    if name.endswith("_") and not name.endswith("__"):
+    static = _STATIC_INPLACE.get(name)
+    if static is None:
+        static = _STATIC_INPLACE[name] = name in INPLACE_DUNDERS or (name.endswith("_") and not name.endswith("__"))
+    if static:
         return True
     if api_type == "Functional":
         if kwargs and kwargs.get("inplace"):

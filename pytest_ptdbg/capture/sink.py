@@ -5,7 +5,9 @@ The dump writer (``dump/writer.py``: ``DumpSink``) is one sink; the overflow che
 (``replay/overflow.py``: ``OverflowSink``) and the acl packager (``replay/acl.py``: ``AclSink``)
 are others. ``PrecisionDebugger`` builds its sinks with ``Cls(config=<DebugConfig>, rank_dir=<str>)``
 (``config.py``: fields ``dump_path, hook_name, step, rank, mode, scope, api_list, filter_switch,
-input_output_mode, summary_only, acl_config, backward_input``) and attaches them to the engine.
+input_output_mode, summary_only, acl_config, backward_input, overflow_nums``) and attaches them to
+the engine. A sink's callbacks run with capture paused (their torch calls are not recorded); an
+exception raised in one propagates into the user's code at that API call.
 
 Life of one recorded API call (only the outermost public PyTorch call is seen; calls made inside
 it, and any torch call a sink makes from its callbacks, are not captured)::
@@ -53,7 +55,9 @@ their index); a list/tuple argument adds a level (``input.2.0``). A single tenso
 ``index``          k: how many calls of this API came before in this step (from 0)
 ``func``           the callable that was called (e.g. ``torch.nn.functional.linear``)
 ``args, kwargs``   the user's arguments (kwargs a dict, never None)
-``output``         the return value (None before the call)
+``output``         the return value (None before the call). After ``end_call`` the call holds
+                   tensors only weakly (see ``ApiCall.release``): in ``on_backward`` a tensor the
+                   user already dropped reads as None
 ``ctx``            ``""`` or ``"optimizer"`` (made inside ``Optimizer.step``)
 ``inplace``        True for in-place ops (``add_``, ``__iadd__``, ``__setitem__``, ``out=``,
                    ``inplace=True``)
@@ -62,12 +66,21 @@ their index); a list/tuple argument adds a level (``input.2.0``). A single tenso
 ``stack``          list of ``[file, line, function, code]`` frames, innermost user frame first
                    (property; only valid inside ``start_call``/``end_call``, cached once read)
 ``state``          a dict a sink may use for its own per-call data (key by sink)
+``input_at(idx)``  the input at a tensor index such as ``(2, 0)`` (None when gone); e.g. in
+                   ``on_backward`` to find the parameter a ``backward_output`` belongs to
 =================  ==============================================================================
+
+No alias (hence no ``backward_output``) for: the first argument of in-place ops, calls with
+``out=``, calls under no_grad, and ``Distributed`` calls. The same tensor passed twice to one API
+gets one alias; its gradient (the sum over both uses) is reported at its first index. An output
+that is one of the inputs given back unchanged (``x.to(x.dtype)``, ``x.contiguous()``) is the
+caller's own tensor again and gets no ``backward_input`` tap.
 """
 from __future__ import annotations
 
 import linecache
 import os
+import weakref
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from pytest_ptdbg.dump import records
@@ -81,7 +94,7 @@ class ApiCall:
     """One call of a public PyTorch API, as seen by capture (see the module docstring)."""
 
     __slots__ = (
-        "api_type", "api_name", "index", "func", "args", "kwargs", "output", "ctx", "inplace",
+        "api_type", "api_name", "index", "func", "_args", "_kwargs", "_output", "_weak", "ctx", "inplace",
         "seq", "state", "_frame", "_stack", "__weakref__",
     )
 
@@ -102,9 +115,10 @@ class ApiCall:
         self.api_name = api_name
         self.index = index
         self.func = func
-        self.args = args
-        self.kwargs = kwargs
-        self.output: Any = None
+        self._args = args
+        self._kwargs = kwargs
+        self._output: Any = None
+        self._weak = False
         self.ctx = ctx
         self.inplace = inplace
         self.seq = seq
@@ -131,14 +145,102 @@ class ApiCall:
             self._frame = None
         return self._stack
 
+    @property
+    def args(self) -> tuple:
+        return _strong(self._args) if self._weak else self._args
+
+    @args.setter
+    def args(self, value: tuple) -> None:
+        self._args = value
+
+    @property
+    def kwargs(self) -> dict:
+        if self._weak:
+            return {k: _strong(v) for k, v in self._kwargs.items()}
+        return self._kwargs
+
+    @kwargs.setter
+    def kwargs(self, value: dict) -> None:
+        self._kwargs = value
+
+    @property
+    def output(self) -> Any:
+        return _strong(self._output) if self._weak else self._output
+
+    @output.setter
+    def output(self, value: Any) -> None:
+        self._output = value
+
+    def input_at(self, index: Tuple[int, ...]) -> Any:
+        """The input at ``index`` (as in ``input.1.0``), None when it is gone or out of range."""
+        items = list(self._args) + list(self._kwargs.values()) if self._kwargs else self._args
+        v: Any = items
+        try:
+            for i in index:
+                v = v[i]
+        except (IndexError, TypeError):
+            return None
+        return v.ref() if type(v) is _Weak else v
+
     def release(self) -> None:
-        """Drop the frame reference (capture calls this after ``end_call``)."""
+        """After ``end_call``: drop the frame, and hold tensors only weakly from now on.
+
+        Gradient hooks keep the call alive; holding its output strongly would make a reference
+        cycle through autograd's C++ graph that Python's collector cannot free (every step's
+        activations would leak). In ``on_backward``, ``args``/``kwargs``/``output`` still give the
+        tensors that are alive, and None for those already freed.
+        """
         self._frame = None
+        if not self._weak:
+            self._args = _weaken(self._args)
+            self._kwargs = {k: _weaken(v) for k, v in self._kwargs.items()} if self._kwargs else {}
+            self._output = _weaken(self._output)
+            self._weak = True
 
     def __repr__(self) -> str:
         return f"ApiCall({self.forward_key})"
 
 
+class _Weak:
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+
+def _weaken(v: Any) -> Any:
+    if _is_tensor(v):
+        try:
+            return _Weak(weakref.ref(v))
+        except TypeError:
+            return v
+    t = type(v)
+    if t is list or t is tuple:
+        return t([_weaken(x) for x in v])
+    if isinstance(v, tuple) and hasattr(v, "_fields"):  # namedtuple / return_types
+        return tuple(_weaken(x) for x in v)
+    return v
+
+
+def _strong(v: Any) -> Any:
+    if type(v) is _Weak:
+        return v.ref()
+    t = type(v)
+    if t is list or t is tuple:
+        return t([_strong(x) for x in v])
+    return v
+
+
+def _is_tensor(v: Any) -> bool:
+    global _TENSOR
+    if _TENSOR is None:
+        import torch
+
+        _TENSOR = torch.Tensor
+    return isinstance(v, _TENSOR)
+
+
+_TENSOR: Any = None
 _FRAME_CACHE: dict = {}
 _SKIP_FILES = (os.path.join("torch", "overrides.py"),)
 
@@ -152,15 +254,23 @@ def extract_stack(frame: Any, limit: int = 30) -> List[list]:
     The same chain of frames gives the same (shared, not to be modified) list object, so sinks can
     cache its encoding by ``id``.
     """
+    ids = []  # ints hash fast; the code objects stay alive as keys of _FRAME_CACHE
+    f = frame
+    n = 0
+    while f is not None and n < limit:
+        ids.append(id(f.f_code))
+        ids.append(f.f_lineno)
+        f = f.f_back
+        n += 1
+    key = tuple(ids)
+    hit = _CHAINS.get(key)
+    if hit is not None:
+        return hit
     chain = []
     f = frame
     while f is not None and len(chain) < limit:
         chain.append((f.f_code, f.f_lineno))
         f = f.f_back
-    key = tuple(chain)
-    hit = _CHAINS.get(key)
-    if hit is not None:
-        return hit
     out: List[list] = []
     pkg = _PKG_DIR
     cache = _FRAME_CACHE
@@ -172,11 +282,10 @@ def extract_stack(frame: Any, limit: int = 30) -> List[list]:
                 entry = ()
             else:
                 entry = (fn, line, code.co_name, linecache.getline(fn, line).strip())
-            if len(cache) < 100000:
-                cache[(code, line)] = entry
+            cache[(code, line)] = entry  # never evicted: it keeps the code objects alive
         if entry:
             out.append(list(entry))
-    if len(_CHAINS) < 20000:
+    if len(_CHAINS) < 20000 and len(cache) < 200000:
         _CHAINS[key] = out
     return out
 

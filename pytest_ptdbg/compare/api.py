@@ -50,10 +50,11 @@ class DistributedResult:
     first_suspect_rank: Optional[Tuple[int, int]]
     summary: str
     summary_path: str
+    errors: Dict[Tuple[int, int], str] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        return not self.diverging
+        return not self.diverging and not self.errors
 
 
 def _timestamp() -> str:
@@ -174,9 +175,13 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
             f"only in bench: {sorted(set(bb) - set(nn))}")
     log = kwargs.pop("is_print_compare_log", True)
     results: Dict[Tuple[int, int], CompareResult] = {}
+    errors: Dict[Tuple[int, int], str] = {}
     for (rn, pn), (rb, pb) in zip(npu_ranks, bench_ranks):
         param = {"npu_pkl_path": pn, "bench_pkl_path": pb, "is_print_compare_log": log}
-        results[(rn, rb)] = compare(param, output_path, _tag=f"rank{rn}-rank{rb}", **kwargs)
+        try:
+            results[(rn, rb)] = compare(param, output_path, _tag=f"rank{rn}-rank{rb}", **kwargs)
+        except (FileNotFoundError, ValueError) as e:  # one unreadable rank: the others go on
+            errors[(rn, rb)] = str(e)
     diverging = [k for k, r in results.items() if not r.passed]
     first, first_order = None, None
     for k in (diverging or list(results)):
@@ -186,13 +191,15 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
         order = getattr(s, "order", 0)
         if first_order is None or order < first_order:
             first, first_order = k, order
-    lines = [f"compare_distributed: {len(results)} rank pair(s): "
-             + ", ".join(f"rank{a}-rank{b}" for a, b in results)]
+    lines = [f"compare_distributed: {len(npu_ranks)} rank pair(s): "
+             + ", ".join(f"rank{a}-rank{b}" for (a, _), (b, _) in zip(npu_ranks, bench_ranks))]
     for (a, b), r in results.items():
         s = r.first_suspect
         state = "diverges" if not r.passed else "agrees"
         who = f"; first suspect {s.api} ({s.kind})" if s is not None else ""
         lines.append(f"  rank{a}-rank{b}: {state}{who}; {os.path.basename(r.csv_path)}")
+    for (a, b), e in errors.items():
+        lines.append(f"  rank{a}-rank{b}: not compared: {e}")
     if diverging:
         lines.append("Diverging ranks: " + ", ".join(f"rank{a}-rank{b}" for a, b in diverging))
     else:
@@ -207,4 +214,4 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
         f.write(text)
     if log:
         print(text, end="", flush=True)
-    return DistributedResult(results, diverging, first, text, spath)
+    return DistributedResult(results, diverging, first, text, spath, errors)

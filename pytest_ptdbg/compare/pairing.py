@@ -12,7 +12,8 @@ intact. Pair score: 3, +1 when the structures are identical, +1 when the call in
 To stay fast on long dumps, families with the same number of calls on both sides give anchors
 (k-th call with k-th call, when compatible); the longest order-preserving chain of anchors splits
 the sequences, and only the gaps between anchors are aligned by dynamic programming (numpy, one
-vector operation per row).
+vector operation per row). A gap too large for one table (> DP_LIMIT cells) is aligned by windows
+of WINDOW calls sliding along the diagonal (30 000 calls without any anchor: about 1 s).
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ import numpy as np
 
 #: cells above which a gap is matched greedily instead of by dynamic programming
 DP_LIMIT = 4_000_000
+#: NPU calls per window when a long gap is aligned window by window
+WINDOW = 1000
 _NEG = -(1 << 40)
 
 _FLOAT = {"float16", "half", "bfloat16", "float32", "float", "float64", "double"}
@@ -63,10 +66,14 @@ def compatible(a: ApiSig, b: ApiSig) -> bool:
     """Same family and direction, and the slots present on both sides agree in class and shape."""
     if a.family != b.family or a.direction != b.direction:
         return False
-    if a.structure == b.structure:
+    return _struct_compatible(a.structure, b.structure)
+
+
+def _struct_compatible(a: tuple, b: tuple) -> bool:
+    if a == b:
         return True
-    da = {s: (c, sh) for s, c, sh in a.structure}
-    db = {s: (c, sh) for s, c, sh in b.structure}
+    da = {s: (c, sh) for s, c, sh in a}
+    db = {s: (c, sh) for s, c, sh in b}
     common = da.keys() & db.keys()
     if not common and (da or db):
         return False
@@ -84,33 +91,33 @@ class _Scorer:
         self.st_b = np.array([sid.setdefault(s.structure, len(sid)) for s in bench], dtype=np.int64)
         self.ci_n = np.array([s.call_index for s in npu], dtype=np.int64)
         self.ci_b = np.array([s.call_index for s in bench], dtype=np.int64)
-        self._compat: Dict[Tuple[int, int], bool] = {}
+        self.structs = list(sid)
+        self._compat: Dict[int, np.ndarray] = {}
 
-    def score(self, i: int, j: int) -> int:
-        a, b = self.npu[i], self.bench[j]
-        if self.fam_n[i] != self.fam_b[j]:
-            return _NEG
-        same = self.st_n[i] == self.st_b[j]
-        if not same and not self._ok(i, j):
-            return _NEG
-        return 3 + int(same) + int(not self.fuzzy and a.call_index == b.call_index)
-
-    def _ok(self, i: int, j: int) -> bool:
-        key = (int(self.st_n[i]), int(self.st_b[j]))
-        v = self._compat.get(key)
+    def _ok_vec(self, sid: int) -> np.ndarray:
+        """Which structure ids are compatible with ``sid`` (computed once per id)."""
+        v = self._compat.get(sid)
         if v is None:
-            v = self._compat[key] = compatible(self.npu[i], self.bench[j])
+            a = self.structs[sid]
+            v = self._compat[sid] = np.array([_struct_compatible(a, b) for b in self.structs], dtype=bool)
         return v
 
+    def score(self, i: int, j: int) -> int:
+        if self.fam_n[i] != self.fam_b[j]:
+            return _NEG
+        si, sj = int(self.st_n[i]), int(self.st_b[j])
+        if si != sj and not self._ok_vec(si)[sj]:
+            return _NEG
+        return 3 + int(si == sj) + int(not self.fuzzy and self.ci_n[i] == self.ci_b[j])
+
     def row(self, i: int, j0: int, j1: int) -> np.ndarray:
-        fam = self.fam_b[j0:j1] == self.fam_n[i]
-        same = self.st_b[j0:j1] == self.st_n[i]
-        s = np.where(fam, 3 + same.astype(np.int64), _NEG)
+        stb = self.st_b[j0:j1]
+        si = int(self.st_n[i])
+        same = stb == si
+        ok = (self.fam_b[j0:j1] == self.fam_n[i]) & self._ok_vec(si)[stb]
+        s = np.where(ok, 3 + same.astype(np.int64), _NEG)
         if not self.fuzzy:
-            s = s + (self.ci_b[j0:j1] == self.ci_n[i])
-        for k in np.nonzero(fam & ~same)[0]:
-            if not self._ok(i, j0 + int(k)):
-                s[k] = _NEG
+            s += self.ci_b[j0:j1] == self.ci_n[i]
         return s
 
 
@@ -160,7 +167,14 @@ def _dp(sc: _Scorer, i0: int, i1: int, j0: int, j1: int) -> List[Tuple[int, int]
     if n == 0 or m == 0:
         return []
     if n * m > DP_LIMIT:
-        return _greedy(sc, i0, i1, j0, j1)
+        return _windowed(sc, i0, i1, j0, j1)
+    return _dp_full(sc, i0, i1, j0, j1)
+
+
+def _dp_full(sc: _Scorer, i0: int, i1: int, j0: int, j1: int) -> List[Tuple[int, int]]:
+    n, m = i1 - i0, j1 - j0
+    if n == 0 or m == 0:
+        return []
     D = np.zeros((n + 1, m + 1), dtype=np.int64)
     for i in range(1, n + 1):
         s = sc.row(i0 + i - 1, j0, j1)
@@ -181,14 +195,30 @@ def _dp(sc: _Scorer, i0: int, i1: int, j0: int, j1: int) -> List[Tuple[int, int]
     return out[::-1]
 
 
-def _greedy(sc: _Scorer, i0: int, i1: int, j0: int, j1: int, window: int = 64) -> List[Tuple[int, int]]:
-    out, j = [], j0
-    for i in range(i0, i1):
-        for k in range(j, min(j1, j + window)):
-            if sc.score(i, k) > 0:
-                out.append((i, k))
-                j = k + 1
-                break
+def _windowed(sc: _Scorer, i0: int, i1: int, j0: int, j1: int) -> List[Tuple[int, int]]:
+    """Alignment of a long gap by dynamic programming over sliding windows along the diagonal.
+
+    Each window aligns ``block`` NPU calls with ``block + slack`` bench calls (more when the gap is
+    lopsided) and keeps the pairs of its first half; the next window starts after the last kept pair.
+    """
+    block, slack = WINDOW, WINDOW // 2
+    out: List[Tuple[int, int]] = []
+    i, j = i0, j0
+    while i < i1 and j < j1:
+        ie = min(i1, i + block)
+        extra = min(max(slack, (j1 - j) - (i1 - i)), 4 * block)
+        je = min(j1, j + block + extra)
+        pairs = _dp_full(sc, i, ie, j, je)
+        if ie == i1:
+            out.extend(pairs)
+            break
+        half = i + block // 2
+        keep = [pq for pq in pairs if pq[0] < half]
+        out.extend(keep)
+        if keep:
+            i, j = keep[-1][0] + 1, keep[-1][1] + 1
+        else:
+            i = half
     return out
 
 

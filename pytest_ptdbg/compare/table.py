@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -43,17 +42,6 @@ INTERNAL = ["_api", "_bench_api", "_family", "_direction", "_io", "_index", "_or
 WORKERS = 2
 
 
-def format_stack(frames) -> str:
-    """ptdbg-style text of a stack: ``File f, line n, in func, \\n code`` per frame."""
-    if not frames:
-        return ""
-    out = []
-    for fr in frames:
-        fr = list(fr) + ["", "", "", ""]
-        out.append(f"File {fr[0]}, line {fr[1]}, in {fr[2]}, \n {fr[3]}")
-    return "\n".join(out)
-
-
 def _stat(stats, i: int) -> float:
     v = M._num(stats, i)
     return math.nan if v is None else v
@@ -76,6 +64,8 @@ def _source(t: TensorRec):
 def _compare_job(nt: TensorRec, bt: TensorRec, tol) -> Tuple[Optional[M.PairMetrics], str]:
     if tuple(nt.shape) != tuple(bt.shape):
         return M.shape_mismatch(nt.shape, bt.shape), ""
+    if "complex" in nt.dtype or "complex" in bt.dtype:
+        return None, f"{nt.name}: complex tensors are not compared (dtype {nt.dtype} / {bt.dtype})"
     a = b = None
     try:
         a = _source(nt)
@@ -240,16 +230,31 @@ def _run_jobs(rows, jobs, rule, th, problems, progress, workers) -> None:
         _, nt, bt, tol = job
         return _compare_job(nt, bt, tol)
 
-    total = len(jobs)
+    # hard-linked copies of one tensor (the writer links unchanged tensors) are compared once
+    first_of, unique, owner = {}, [], []
+    for job in jobs:
+        _, nt, bt, tol = job
+        key = (nt.data_file, bt.data_file) if not (nt.data_inode and bt.data_inode) else \
+            (nt.data_inode, bt.data_inode, os.path.dirname(nt.data_file), os.path.dirname(bt.data_file))
+        key = key + (bt.dtype, tol, tuple(nt.shape), tuple(bt.shape), nt.dtype)
+        if key not in first_of:
+            first_of[key] = len(unique)
+            unique.append(job)
+        owner.append(first_of[key])
+    total = len(unique)
     step = max(1, total // 10)
+    results: List = [None] * total
     with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
-        for k, (job, (m, err)) in enumerate(zip(jobs, ex.map(work, jobs)), 1):
-            idx, nt, bt, _ = job
-            r = rows[idx]
-            if progress and (k % step == 0 or k == total):
-                progress(f"compared {k}/{total} tensor pairs")
-            if m is None:
-                r["Err_message"] = f"no data to compare (Nan): {err}"
-                problems.append(err)
-                continue
-            _fill_metrics(r, m, nt, bt, rule, th)
+        for k, res in enumerate(ex.map(work, unique)):
+            results[k] = res
+            if progress and ((k + 1) % step == 0 or k + 1 == total):
+                progress(f"compared {k + 1}/{total} tensor pairs")
+    for job, u in zip(jobs, owner):
+        m, err = results[u]
+        idx, nt, bt, _ = job
+        r = rows[idx]
+        if m is None:
+            r["Err_message"] = f"no data to compare (Nan): {err}"
+            problems.append(err)
+            continue
+        _fill_metrics(r, m, nt, bt, rule, th)

@@ -10,6 +10,7 @@ tensors never needs them whole in memory (the metric kernels consume chunks).
 from __future__ import annotations
 
 import os
+import re
 from typing import Optional, Sequence
 
 import numpy as np
@@ -51,6 +52,33 @@ def _check(path: str, name: str, shape: Sequence[int], kind: str, rec_shape, rec
             raise ValueError(f"{path}: dtype kind {kind!r} does not match record {name!r} dtype {rec_dtype}")
 
 
+_HEADER = re.compile(
+    r"^\{'descr': '(?P<descr>[<>|=]?[a-zA-Z]\d*)', 'fortran_order': (?P<fo>True|False), "
+    r"'shape': \((?P<shape>[\d, ]*)\), \}\s*$")
+
+
+def _read_header(f, path: str):
+    """(shape, fortran_order, dtype) of an open ``.npy``; numpy's own parser for unusual headers."""
+    head = f.read(12)
+    if len(head) >= 10 and head[:6] == b"\x93NUMPY" and head[6] in (1, 2, 3):
+        if head[6] == 1:
+            hlen, start = int.from_bytes(head[8:10], "little"), 10
+        else:
+            hlen, start = int.from_bytes(head[8:12], "little"), 12
+        text = (head[start:] + f.read(hlen - (len(head) - start))).decode("latin1")
+        m = _HEADER.match(text)
+        if m:
+            shape = tuple(int(v) for v in m.group("shape").replace(" ", "").split(",") if v)
+            return shape, m.group("fo") == "True", np.dtype(m.group("descr"))
+    f.seek(0)
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(f)
+    if version in ((2, 0), (3, 0)):
+        return np.lib.format.read_array_header_2_0(f)
+    raise ValueError(f"unsupported .npy version {version}")  # pragma: no cover
+
+
 class NpyStream:
     """Sequential reader of a C-ordered ``.npy`` file; checks the header against the record.
 
@@ -63,14 +91,8 @@ class NpyStream:
         self._arr = None
         f = open(path, "rb")
         try:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version in ((2, 0), (3, 0)):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            else:  # pragma: no cover - numpy only writes the three versions
-                raise ValueError(f"{path}: unsupported .npy version {version}")
-        except ValueError as e:
+            shape, fortran, dtype = _read_header(f, path)
+        except (ValueError, TypeError, SyntaxError) as e:
             f.close()
             raise ValueError(f"{path}: not a valid .npy file for record {name!r} ({e})") from None
         except Exception:

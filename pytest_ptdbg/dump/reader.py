@@ -36,6 +36,7 @@ class TensorRec:
     line: int
     data_file: Optional[str] = None   # safe path of the saved tensor, when there is one
     data_problem: str = ""            # why there is none although the dump has a data dir
+    data_inode: int = 0               # inode of data_file (hard-linked copies share it)
 
     @property
     def index_str(self) -> str:
@@ -182,10 +183,10 @@ class _Builder:
         if data_dir is not None:
             if os.path.isdir(data_dir):
                 try:
-                    self.files = {e.name for e in os.scandir(data_dir)}
+                    self.files = {e.name: (e.inode(), e.is_symlink()) for e in os.scandir(data_dir)}
                 except OSError as e:
                     problems.append(f"{data_dir}: cannot list data directory ({e})")
-                    self.files = set()
+                    self.files = {}
             else:
                 problems.append(f"{data_dir}: data directory not found (statistics only)")
                 self.data_dir = None
@@ -203,11 +204,15 @@ class _Builder:
         fname = file_name or records.data_file_name(t.name)
         if os.path.basename(fname) != fname:
             raise ValueError(f"data file name {fname!r} of record {t.name!r} points outside the data directory")
-        if fname not in self.files:
+        entry = self.files.get(fname)
+        if entry is None:
             t.data_problem = f"{os.path.join(self.data_dir, fname)}: data file of {t.name!r} not found"
             return
-        if fname.endswith(".npy"):
-            t.data_file = records.safe_data_path(self.data_dir, fname[:-4])
+        t.data_inode = entry[0]
+        if not entry[1] and fname not in (".", "..") and "/" not in fname and "\\" not in fname:
+            t.data_file = os.path.join(self.data_dir, fname)  # a plain file listed in the folder itself
+        elif fname.endswith(".npy"):
+            t.data_file = records.safe_data_path(self.data_dir, fname[:-4])  # symlink: resolve, check
         else:
             path = os.path.join(self.data_dir, fname)
             root = os.path.realpath(self.data_dir)
@@ -287,7 +292,8 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         raise ValueError(f"record {name!r}: {e}") from None
     stats = rec[5] if isinstance(rec[5], list) else []
     extra = rec[6] if len(rec) > 6 and isinstance(rec[6], dict) else {}
-    api_key = name[: name.rindex("_" + p.io)]
+    cut = max(name.rfind("_" + p.io + "."), name.rfind("." + p.io + "."))
+    api_key = name[:cut]
     t = TensorRec(name, api_key, p.io, p.index or (), p.direction, dtype, shape, stats, extra, lineno)
     a = b.api(api_key, p)
     if extra.get("ctx"):

@@ -1,32 +1,42 @@
 """Statistics of one tensor (or Python scalar) for a dump record.
 
 ``[max, min, mean, l2norm]`` computed in float32 or wider whatever the tensor's dtype, plus NaN and
-Inf counts. Few kernels and one host transfer per tensor: ``aminmax`` + ``sum`` + ``vector_norm``
-stacked and read back with one ``.tolist()``; NaN/Inf are counted only when a statistic is not
-finite. :class:`StatsCache` remembers the statistics of the last tensors seen (same object, same
-``_version``) so that an API's output is not measured again as the next API's input.
+Inf counts. Few passes and no extra host syncs: on CPU numpy's ``max``/``min``, a sum and a BLAS
+dot over the tensor's own memory; elsewhere ``aminmax`` + ``sum`` + ``vector_norm`` stacked and
+read back with one ``.tolist()``. NaN/Inf are counted only when a statistic is not finite.
+:class:`StatsCache` remembers the statistics of recent tensors (same memory, same ``_version``)
+so that an API's output is not measured again as the next API's input, or a parameter updated
+by the optimizer again when the next step's forward reads it.
 """
 from __future__ import annotations
 
+import collections
 import math
 import weakref
-from typing import Any, List, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
+import numpy as np
 import torch
 
-__all__ = ["TensorStats", "tensor_stats", "scalar_stats", "StatsCache", "is_float_dtype"]
+__all__ = ["TensorStats", "tensor_stats", "scalar_stats", "StatsCache", "SHARED_CACHE"]
 
 _WIDE = (torch.float32, torch.float64)
 _DTYPE_NAMES: dict = {}
+_SQ_SAFE = 1e37  # below float32's max (3.4e38) with margin for rounding
 #: below this many elements numpy's sum (pairwise) is used, above it torch's
-_NUMPY_SUM_MAX = 8192
+_NUMPY_SUM_MAX = 2048
+
+
+_F64 = "float64"
+_NP_INTS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+_MAX = np.maximum.reduce
+_MIN = np.minimum.reduce
 
 
 def _dot(a, b):
     import numpy as np
 
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.dot(a, b)
+    return np.dot(a, b)
 
 
 
@@ -38,14 +48,6 @@ class TensorStats(NamedTuple):
     stats: list  # [max, min, mean, l2norm] or [] (empty tensor)
     nan: int
     inf: int
-
-
-def is_float_dtype(dtype: torch.dtype) -> bool:
-    return dtype.is_floating_point or dtype.is_complex
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, bool)) or math.isfinite(v)
 
 
 def tensor_stats(t: torch.Tensor) -> TensorStats:
@@ -63,45 +65,68 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     if n == 0:
         return TensorStats(dname, shape, [], 0, 0)
     x = t.detach()
-    if True:
-        if dtype.is_complex:
-            x = x.abs()
-            dtype_eff = x.dtype
-        else:
-            dtype_eff = dtype
-        if dtype_eff.is_floating_point:
-            if dtype_eff not in _WIDE:
-                x = x.float()
-            if x.device.type == "cpu" and x.is_contiguous():
-                # CPU: numpy's max/min and BLAS dot are single passes without dispatch overhead;
-                # torch's vectorised sum is faster than numpy's on large arrays
-                a = x.numpy().reshape(-1)
-                mx_v = float(a.max())
-                mn_v = float(a.min())
-                s = float(a.sum()) if n < _NUMPY_SUM_MAX else float(x.sum())
-                l2 = math.sqrt(float(_dot(a, a))) if mx_v == mx_v else math.nan
+    if dtype.is_complex:
+        x = x.abs()
+        dtype_eff = x.dtype
+    else:
+        dtype_eff = dtype
+    if dtype_eff.is_floating_point:
+        if dtype_eff not in _WIDE:
+            x = x.float()
+        if n == 1:
+            v = float(x.reshape(-1)[0].item())
+            fin = math.isfinite(v)
+            return TensorStats(dname, shape, [v, v, v, abs(v)], int(v != v), int(not fin and v == v))
+        if x.device.type == "cpu" and x.is_contiguous():
+            # CPU: numpy's max/min and BLAS dot are single passes without dispatch overhead;
+            # torch's vectorised sum is faster than numpy's on large arrays
+            a = x.numpy().reshape(-1)
+            mx_v = float(_MAX(a))
+            mn_v = float(_MIN(a))
+            if n < _NUMPY_SUM_MAX and x.dtype == torch.float32:
+                s = float(a.sum(dtype=_F64))  # float64 accumulation: exact enough, no overflow
             else:
-                mn, mx = torch.aminmax(x)
-                mx_v, mn_v, s, l2 = torch.stack((mx, mn, x.sum(), torch.linalg.vector_norm(x))).tolist()
-            mean = s / n
-            nan = inf = 0
-            if not (math.isfinite(mx_v) and math.isfinite(mn_v) and math.isfinite(s) and math.isfinite(l2)):
-                nan, inf = torch.stack((torch.isnan(x).sum(), torch.isinf(x).sum())).tolist()
-                if not inf and not nan:  # finite values whose sum or square sum overflowed
-                    l2 = float(torch.linalg.vector_norm(x.double()))
-                    s = float(x.sum(dtype=torch.float64))
-                    mean = s / n
-            return TensorStats(dname, shape, [mx_v, mn_v, mean, l2], int(nan), int(inf))
+                s = float(x.sum())
+            big = max(abs(mx_v), abs(mn_v))
+            if big * big * n < _SQ_SAFE:  # the float32 square sum cannot overflow
+                l2 = math.sqrt(float(_dot(a, a)))
+            else:  # NaN, Inf or huge values: float64 (no numpy overflow warning)
+                l2 = float(torch.linalg.vector_norm(x, dtype=torch.float64))
+        else:
+            mn, mx = torch.aminmax(x)
+            mx_v, mn_v, s, l2 = torch.stack((mx, mn, x.sum(), torch.linalg.vector_norm(x))).tolist()
+        mean = s / n
+        nan = inf = 0
+        if not (math.isfinite(mx_v) and math.isfinite(mn_v) and math.isfinite(s) and math.isfinite(l2)):
+            nan, inf = torch.stack((torch.isnan(x).sum(), torch.isinf(x).sum())).tolist()
+            if not inf and not nan:  # finite values whose sum or square sum overflowed
+                l2 = float(torch.linalg.vector_norm(x.double()))
+                s = float(x.sum(dtype=torch.float64))
+                mean = s / n
+        return TensorStats(dname, shape, [mx_v, mn_v, mean, l2], int(nan), int(inf))
+    if x.device.type == "cpu" and dtype_eff in _NP_INTS:
+        # integers and bools: exact max/min/sum, norm in float64
+        a = x.numpy().reshape(-1)
         if dtype_eff == torch.bool:
-            x = x.to(torch.int64)
-        # integers: exact max/min/sum; norm in float64
-        mn, mx = torch.aminmax(x)
-        s = x.sum(dtype=torch.int64)
-        mx_v, mn_v, s_v = torch.stack((mx.to(torch.int64), mn.to(torch.int64), s)).tolist()
-        l2 = float(torch.linalg.vector_norm(x.to(torch.float64)))
+            a = a.view(np.uint8)
+        mx_v = int(_MAX(a))
+        mn_v = int(_MIN(a))
+        s_v = int(a.sum(dtype=np.int64))
+        f = a.astype(np.float64)
+        l2 = math.sqrt(float(np.dot(f, f)))
         if dtype == torch.bool:
             return TensorStats(dname, shape, [bool(mx_v), bool(mn_v), s_v / n, l2], 0, 0)
         return TensorStats(dname, shape, [mx_v, mn_v, s_v / n, l2], 0, 0)
+    if dtype_eff == torch.bool:
+        x = x.to(torch.int64)
+    # integers: exact max/min/sum; norm in float64
+    mn, mx = torch.aminmax(x)
+    s = x.sum(dtype=torch.int64)
+    mx_v, mn_v, s_v = torch.stack((mx.to(torch.int64), mn.to(torch.int64), s)).tolist()
+    l2 = float(torch.linalg.vector_norm(x.to(torch.float64)))
+    if dtype == torch.bool:
+        return TensorStats(dname, shape, [bool(mx_v), bool(mn_v), s_v / n, l2], 0, 0)
+    return TensorStats(dname, shape, [mx_v, mn_v, s_v / n, l2], 0, 0)
 
 
 def scalar_stats(v: Any) -> Optional[TensorStats]:
@@ -117,6 +142,18 @@ def scalar_stats(v: Any) -> Optional[TensorStats]:
     return None
 
 
+def _owns_grad(owner_ref: Any, key: tuple) -> bool:
+    """Whether the leaf behind ``owner_ref`` still holds the memory ``key`` names as its ``.grad``."""
+    if owner_ref is None:
+        return False
+    owner = owner_ref()
+    if owner is None:
+        return False
+    g = owner.grad
+    return g is not None and g.data_ptr() == key[0] and g.dtype == key[1] and g.shape == key[2] \
+        and g.stride() == key[3]
+
+
 class StatsCache:
     """Statistics of recently measured tensors.
 
@@ -127,9 +164,12 @@ class StatsCache:
     in-place change never returns stale numbers.
     """
 
-    def __init__(self, size: int = 1024) -> None:
+    def __init__(self, size: int = 1024, keep_recent: int = 4) -> None:
         self.size = size
         self._d: dict = {}
+        # the last few measured tensors are held strongly: autograd passes a gradient on to the
+        # next hook as a new view object while the previous one is already gone
+        self._recent: Any = collections.deque(maxlen=keep_recent)
         self.hits = 0
         self.misses = 0
 
@@ -140,8 +180,9 @@ class StatsCache:
     def get(self, t: torch.Tensor) -> Optional[TensorStats]:
         if t.numel() == 0 or t.is_sparse:
             return None
-        e = self._d.get(self._key(t))
-        if e is not None and e[0]() is not None and e[1] == t._version:
+        key = self._key(t)
+        e = self._d.get(key)
+        if e is not None and e[1] == t._version and (e[0]() is not None or _owns_grad(e[3], key)):
             self.hits += 1
             return e[2]
         return None
@@ -155,7 +196,7 @@ class StatsCache:
             ref = weakref.ref(t)
         except TypeError:
             return
-        self._d[self._key(t)] = (ref, t._version, st)
+        self._d[self._key(t)] = (ref, t._version, st, None)
 
     def stats(self, t: torch.Tensor) -> TensorStats:
         """Cached statistics of ``t``, computing them on a miss."""
@@ -163,14 +204,34 @@ class StatsCache:
             return tensor_stats(t)
         key = (t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)
         e = self._d.get(key)
-        if e is not None and e[0]() is not None and e[1] == t._version:
+        if e is not None and e[1] == t._version and (e[0]() is not None or _owns_grad(e[3], key)):
             self.hits += 1
             return e[2]
         self.misses += 1
         st = tensor_stats(t)
         if len(self._d) >= self.size:
             self._d.clear()
-        self._d[key] = (weakref.ref(t), t._version, st)
+        self._d[key] = (weakref.ref(t), t._version, st, None)
+        self._recent.append(t)
+        return st
+
+    def grad_stats(self, grad: torch.Tensor, leaf: Any) -> TensorStats:
+        """Statistics of a gradient produced for the leaf tensor ``leaf`` (a parameter).
+
+        Autograd hands the gradient object to the hook, then stores (a view of) its memory as
+        ``leaf.grad``; the hook's object is gone by the time the optimizer reads ``leaf.grad``.
+        The entry stays valid while ``leaf.grad`` still holds that memory (so it cannot have been
+        reused) and the version counter is unchanged.
+        """
+        st = self.stats(grad)
+        if leaf is not None:
+            key = (grad.data_ptr(), grad.dtype, grad.shape, grad.stride(), grad.device)
+            e = self._d.get(key)
+            if e is not None and e[2] is st:
+                try:
+                    self._d[key] = (e[0], e[1], st, weakref.ref(leaf))
+                except TypeError:
+                    pass
         return st
 
     def fresh(self, t: torch.Tensor) -> TensorStats:
@@ -178,11 +239,12 @@ class StatsCache:
         back, e.g. by a collective, which does not bump the version counter)."""
         st = tensor_stats(t)
         if t.numel() and not t.is_sparse:
-            self._d[(t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)] = (weakref.ref(t), t._version, st)
+            self._d[(t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)] = (weakref.ref(t), t._version, st, None)
         return st
 
     def clear(self) -> None:
         self._d.clear()
+        self._recent.clear()
 
 
 #: one cache per process: statistics stay valid across steps (a parameter updated by the

@@ -1,15 +1,20 @@
 """Writing a dump: ``{mode}_dump.pkl`` lines and ``{mode}_dump/*.npy`` files of one rank and step.
 
-:class:`RankWriter` owns the files. At its first write it *replaces an existing rank directory
+:class:`RankWriter` owns the files. When a step's dump is opened (the first ``start()`` of the
+step, or already at the previous ``debugger.step()``) it *replaces an existing rank directory
 atomically*: the old directory is renamed aside (``rank0.old-<pid>-<ns>``), a fresh one is created,
-then the old one is deleted, so a dump never mixes files of two runs. Lines go out whole through
-one ``os.write`` on an ``O_APPEND`` descriptor (one write per API forward, one per gradient), so a
-SIGKILL leaves only complete lines; ``.npy`` files are written before the line naming them.
+then the old one is deleted, so a dump never mixes files of two runs. This runs on a background
+thread (directory creation is slow on some filesystems); lines produced meanwhile wait in memory.
+Lines go out whole through one ``os.write`` on an ``O_APPEND`` descriptor (one write per API
+forward, one per batch of at most 16 gradient lines), so a SIGKILL leaves complete lines.
+Full-tensor dumps use :class:`AsyncRankWriter`: tensor snapshots and lines are written in order
+by one I/O thread, so every line on disk names ``.npy`` files that exist.
 
 :class:`DumpSink` is the capture sink (``capture/sink.py``) that turns calls into records.
 """
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
@@ -28,7 +33,7 @@ from pytest_ptdbg.capture.sink import ApiCall, Sink, input_items, iter_tensors, 
 from pytest_ptdbg.dump import records
 from pytest_ptdbg.dump.stats import SHARED_CACHE, TensorStats, scalar_stats
 
-__all__ = ["RankWriter", "DumpSink", "save_npy", "replace_dir"]
+__all__ = ["RankWriter", "AsyncRankWriter", "DumpSink", "save_npy", "replace_dir"]
 
 _Tensor = torch.Tensor
 _NUMPY_DTYPES = frozenset((
@@ -36,6 +41,22 @@ _NUMPY_DTYPES = frozenset((
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
 ))
 _HEADERS: Dict[Tuple[str, Tuple[int, ...], bool], bytes] = {}
+
+
+_BG: Any = None
+_BG_LOCK = threading.Lock()
+
+
+def _background() -> Any:
+    """One background worker per process for directory preparation (slow on some filesystems)."""
+    global _BG
+    if _BG is None:
+        with _BG_LOCK:
+            if _BG is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                _BG = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ptdbg-prepare")
+    return _BG
 
 
 def replace_dir(path: str) -> None:
@@ -105,9 +126,8 @@ class RankWriter:
         self.data_dir = os.path.join(rank_dir, records.data_dir_name(mode))
         self.with_data = with_data
         self._fd: Optional[int] = None
-        self._prep: Optional[threading.Thread] = None
-        self._prep_fd: Optional[int] = None
-        self._prep_error: Optional[BaseException] = None
+        self._prep: Any = None  # a Future of the pkl's file descriptor
+        self._early: List[str] = []
         self.bytes = 0
         self.npy_files = 0
         self.npy_bytes = 0
@@ -120,37 +140,42 @@ class RankWriter:
             os.makedirs(self.data_dir, exist_ok=True)
         return os.open(self.pkl_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-    def _prepare_body(self) -> None:
-        try:
-            self._prep_fd = self._make()
-        except BaseException as e:  # reported at the first write
-            self._prep_error = e
-
     def prepare(self) -> None:
         """Start preparing the directory in the background (idempotent)."""
         if self._prep is None and self._fd is None:
-            self._prep = threading.Thread(target=self._prepare_body, name="ptdbg-prepare", daemon=True)
-            self._prep.start()
+            self._prep = _background().submit(self._make)
 
     def _open(self) -> int:
         if self._prep is not None:
-            self._prep.join()
-            self._prep = None
-            if self._prep_error is not None:
-                err, self._prep_error = self._prep_error, None
-                raise err
-            self._fd = self._prep_fd
+            prep, self._prep = self._prep, None
+            self._fd = prep.result()  # re-raises what went wrong while preparing
         if self._fd is None:
             self._fd = self._make()
         return self._fd
+
+    def flush(self) -> None:
+        """Write the lines held while the directory was being prepared (waits for it)."""
+        if self._early:
+            self._open()
+            self.write("")
 
     @property
     def opened(self) -> bool:
         return self._fd is not None and self.bytes > 0
 
     def write(self, text: str) -> None:
-        """Append complete lines with a single ``os.write``."""
-        fd = self._fd if self._fd is not None else self._open()
+        """Append complete lines with a single ``os.write`` (held in memory, briefly, while the
+        directory is still being prepared in the background)."""
+        fd = self._fd
+        if fd is None:
+            prep = self._prep
+            if prep is not None and not prep.done():
+                self._early.append(text)
+                return
+            fd = self._open()
+        if self._early:
+            text = "".join(self._early) + text
+            self._early = []
         data = text.encode("utf-8")
         n = os.write(fd, data)
         while n < len(data):  # pragma: no cover - regular files write fully
@@ -185,6 +210,8 @@ class RankWriter:
 
     def close(self) -> None:
         """Close the files; a directory prepared but never written to is removed again."""
+        if self._early:
+            self.flush()
         if self._prep is not None or self._fd is not None:
             try:
                 self._open()
@@ -196,6 +223,125 @@ class RankWriter:
             if self.bytes == 0 and self.npy_files == 0:
                 _remove_empty(self.rank_dir, self.pkl_path, self.data_dir)
         self._saved.clear()
+
+
+#: full-tensor dumps: at most this many bytes of tensor copies wait for the I/O thread
+ASYNC_LIMIT_BYTES = 256 << 20
+
+
+def _data_key(t: torch.Tensor) -> Any:
+    """What identifies a tensor's data (any view object over the same memory), see StatsCache."""
+    return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)
+
+
+def _write_npy_array(path: str, arr: np.ndarray) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, _npy_header(arr))
+        mv = memoryview(arr).cast("B") if arr.size else b""
+        while len(mv):
+            n = os.write(fd, mv)
+            mv = mv[n:]
+    finally:
+        os.close(fd)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+class AsyncRankWriter(RankWriter):
+    """Full-tensor dumps: every file operation runs, in order, on the process's one I/O thread.
+
+    ``save`` hands over a copy of the tensor (so later in-place changes cannot leak into the file)
+    and returns at once; ``.pkl`` lines are queued behind the ``.npy`` files they name, so what is
+    on disk is always consistent: complete lines, each naming files that exist. A SIGKILL loses
+    only what was still queued. At most :data:`ASYNC_LIMIT_BYTES` of copies wait; beyond that
+    ``save`` waits for the thread. ``flush``/``close`` wait for everything.
+    """
+
+    def __init__(self, rank_dir: str, mode: str, with_data: bool) -> None:
+        super().__init__(rank_dir, mode, with_data)
+        self._tasks: Any = collections.deque()
+        self._pending = 0
+        self._wfd: Optional[int] = None
+        self._started = False
+        self._recent: Any = collections.deque(maxlen=4)
+
+    def _make_async(self) -> None:
+        self._wfd = self._make()
+
+    def prepare(self) -> None:
+        if not self._started:
+            self._started = True
+            self._submit(0, self._make_async)
+
+    def _submit(self, nbytes: int, fn: Any, *args: Any) -> None:
+        self._tasks.append((_background().submit(fn, *args), nbytes))
+        self._pending += nbytes
+        tasks = self._tasks
+        while tasks and (tasks[0][0].done() or self._pending > ASYNC_LIMIT_BYTES):
+            fut, nb = tasks.popleft()
+            self._pending -= nb
+            fut.result()  # re-raises an I/O error here, in the caller's thread
+
+    def _write_task(self, data: bytes) -> None:
+        n = os.write(self._wfd, data)
+        while n < len(data):  # pragma: no cover
+            n += os.write(self._wfd, data[n:])
+
+    def write(self, text: str) -> None:
+        self.prepare()
+        data = text.encode("utf-8")
+        self.bytes += len(data)
+        self._submit(len(data), self._write_task, data)
+
+    def save(self, key: str, t: torch.Tensor, link: bool = True) -> str:
+        self.prepare()
+        name = records.data_file_name(key)
+        path = os.path.join(self.data_dir, name)
+        skey = _data_key(t)
+        e = self._saved.get(skey) if link else None
+        self.npy_files += 1
+        if e is not None and e[0]() is not None and e[1] == t._version:
+            self._submit(0, _link_or_copy, e[2], path)
+            return name
+        arr = tensor_to_numpy(t)
+        if t.device.type == "cpu" and arr.size and arr.__array_interface__["data"][0] == t.data_ptr():
+            arr = arr.copy()  # a snapshot: the tensor may change before the thread writes it
+        self.npy_bytes += arr.nbytes
+        self._submit(arr.nbytes, _write_npy_array, path, arr)
+        if len(self._saved) > 4096:
+            self._saved.clear()
+        try:
+            self._saved[skey] = (weakref.ref(t), t._version, path)
+        except TypeError:
+            pass
+        self._recent.append(t)  # see StatsCache: the next hook sees this memory as a new view
+        return name
+
+    def flush(self) -> None:
+        """Wait until everything queued is on disk."""
+        tasks = self._tasks
+        while tasks:
+            fut, nb = tasks.popleft()
+            self._pending -= nb
+            fut.result()
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            if self._wfd is not None:
+                os.close(self._wfd)
+                self._wfd = None
+                if self.bytes == 0 and self.npy_files == 0:
+                    _remove_empty(self.rank_dir, self.pkl_path, self.data_dir)
+            self._saved.clear()
+            self._recent.clear()
 
 
 def _remove_empty(rank_dir: str, pkl: str, data_dir: str) -> None:
@@ -234,19 +380,19 @@ def record_line(key: str, st: TensorStats, rg: Optional[bool], ctx: str, npy: Op
                 spec: Optional[dict]) -> str:
     """One tensor record line, identical to ``records.encode_line(records.tensor_record(...))``
     (names, dtypes and file names never need JSON escapes; the call spec goes through json)."""
-    parts = [f'"nan": {st.nan}, "inf": {st.inf}']
-    if rg is not None:
-        parts.append('"rg": true' if rg else '"rg": false')
-    if ctx:
-        parts.append(f'"ctx": "{ctx}"')
-    if npy is not None:
-        parts.append(f'"npy": "{npy}"')
-    if spec is not None:
-        parts.append('"call": ' + json.dumps(spec, separators=(", ", ": ")))
     stats = str(st.stats)  # Python's repr of finite floats and ints is JSON's
     if "n" in stats or "T" in stats or "F" in stats:  # nan, inf, True, False
         stats = "[" + ", ".join([_num(v) for v in st.stats]) + "]"
-    return f'["{key}", 0, [], "{st.dtype}", {list(st.shape)}, {stats}, {{{", ".join(parts)}}}]\n'
+    extra = f'"nan": {st.nan}, "inf": {st.inf}'
+    if rg is not None:
+        extra += ', "rg": true' if rg else ', "rg": false'
+    if ctx:
+        extra += f', "ctx": "{ctx}"'
+    if npy is not None:
+        extra += f', "npy": "{npy}"'
+    if spec is not None:
+        extra += ', "call": ' + json.dumps(spec, separators=(", ", ": "))
+    return f'["{key}", 0, [], "{st.dtype}", {list(st.shape)}, {stats}, {{{extra}}}]\n'
 
 
 #: API types whose in-place writes bypass autograd's version counter
@@ -256,7 +402,12 @@ _PENDING_MAX = 16
 
 
 class DumpSink(Sink):
-    """Records calls as ptdbg v4 lines (and ``.npy`` files unless ``summary_only``)."""
+    """Records calls as ptdbg v4 lines (and ``.npy`` files unless ``summary_only``).
+
+    Records: every tensor and Python int/float among the inputs and outputs (bool flags such as
+    ``inplace=False`` are only in the call spec), one stack record per API and direction in the
+    modes that have stacks, and one line per gradient.
+    """
 
     def __init__(self, config: Any, rank_dir: str) -> None:
         self.config = config
@@ -266,7 +417,7 @@ class DumpSink(Sink):
         self.save_data = not config.summary_only and self.with_tensors
         self.filter_on = config.filter_switch == "ON"
         self.selector = Selector(config.mode, config.scope, config.api_list, config.input_output_mode)
-        self.writer = RankWriter(rank_dir, config.mode, self.save_data)
+        self.writer = (AsyncRankWriter if self.save_data else RankWriter)(rank_dir, config.mode, self.save_data)
         self.cache = SHARED_CACHE
         self.wants_backward = self.with_tensors and (
             self.selector.keep_all_io or bool({"backward", "input", "output"} & set(self.selector.io))
@@ -284,21 +435,47 @@ class DumpSink(Sink):
         """Append the lines of ``items`` (an index-ordered list) to ``lines``; returns the unused spec."""
         save = self.save_data
         filt = self.filter_on
-        cache = self.cache
-        for idx, v in iter_tensors(items):
+        stats = self.cache.fresh if fresh else self.cache.stats
+        prefix = f"{api}_{io}."
+        for i, v in enumerate(items):
+            tv = type(v)
+            if tv is list or tv is tuple:
+                spec = self._nested(prefix, (i,), v, ctx, lines, spec, fresh)
+                continue
             if isinstance(v, _Tensor):
                 if filt and filtered_out(v):
                     continue
-                st = cache.fresh(v) if fresh else cache.stats(v)
+                st = stats(v)
+                key = prefix + str(i)
+                npy = self.writer.save(key, v, not fresh) if save else None
+                lines.append(record_line(key, st, v.requires_grad, ctx, npy, spec))
             else:
-                if filt:
+                if filt or tv is bool:  # flags (inplace=False, ...) live in the call spec only
                     continue
                 st = scalar_stats(v)
                 if st is None:
                     continue
-            key = f"{api}_{io}.{idx[0]}" if len(idx) == 1 else records.tensor_key(api, io, idx)
+                lines.append(record_line(prefix + str(i), st, None, ctx, None, spec))
+            spec = None
+        return spec
+
+    def _nested(self, prefix: str, base: Tuple[int, ...], value: Any, ctx: str, lines: list,
+                spec: Optional[dict], fresh: bool) -> Optional[dict]:
+        stats = self.cache.fresh if fresh else self.cache.stats
+        for idx, v in iter_tensors(value, base):
+            if isinstance(v, _Tensor):
+                if self.filter_on and filtered_out(v):
+                    continue
+                st = stats(v)
+            else:
+                if self.filter_on or type(v) is bool:
+                    continue
+                st = scalar_stats(v)
+                if st is None:
+                    continue
+            key = prefix + ".".join([str(i) for i in idx])
             is_t = isinstance(v, _Tensor)
-            npy = self.writer.save(key, v, not fresh) if save and is_t else None
+            npy = self.writer.save(key, v, not fresh) if self.save_data and is_t else None
             lines.append(record_line(key, st, v.requires_grad if is_t else None, ctx, npy, spec))
             spec = None
         return spec
@@ -354,7 +531,9 @@ class DumpSink(Sink):
                 self._pending = []
             self.writer.write("".join(lines))
             self.apis_forward += 1
-        if not st[1]:
+        if st[1]:
+            call.state[self] = (True, True, None, None)
+        else:
             del call.state[self]
 
     def on_backward(self, call: ApiCall, io: str, index: Tuple[int, ...], grad: Any) -> None:
@@ -364,8 +543,12 @@ class DumpSink(Sink):
         if self.filter_on and filtered_out(grad):
             return
         api = call.backward_key
-        s = self.cache.stats(grad)
-        key = records.tensor_key(api, io, index)
+        if io == "output":
+            leaf = call.input_at(index)
+            s = self.cache.grad_stats(grad, leaf if leaf is not None and getattr(leaf, "is_leaf", False) else None)
+        else:
+            s = self.cache.stats(grad)
+        key = f"{api}_{io}.{index[0]}" if len(index) == 1 else records.tensor_key(api, io, index)
         npy = self.writer.save(key, grad) if self.save_data else None
         line = record_line(key, s, None, call.ctx, npy, None)
         first = call.seq not in self._bw_started
@@ -397,6 +580,7 @@ class DumpSink(Sink):
 
     def flush(self) -> None:
         self._write_pending()
+        self.writer.flush()
 
     def close(self) -> None:
         self._write_pending()

@@ -194,7 +194,7 @@ class AclSink(Sink):
         t = self.target
         if call.api_type != t.api_type or call.api_name != t.api_name or call.index != t.call_index:
             return False
-        self._snap = CallSnapshot(call, copy=True)
+        self._snap = CallSnapshot(call, copy=True, rng=True)
         return True
 
     def end_call(self, call: Any) -> None:

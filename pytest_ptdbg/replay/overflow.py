@@ -31,6 +31,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -92,10 +93,6 @@ def _max_of(dtype: Any) -> float:
 
         m = _MAX[dtype] = float(torch.finfo(dtype).max)
     return m
-
-
-def worst_status(tensors: Any) -> int:
-    return max((tensor_status(t) for t in tensors), default=FINITE)
 
 
 def classify(inputs_status: int, output_status: int) -> Optional[str]:
@@ -196,6 +193,8 @@ class OverflowSink(Sink):
             st["bin_status"] = max(st["in"], out_status)
             st["bout"] = {}
             st["done"] = False
+            # gradients this call will produce: one per distinct input tensor that requires grad
+            st["expect"] = len({id(t) for _, t in _inputs_requiring_grad(call)})
 
     # -- backward -----------------------------------------------------------------------------
     def on_backward(self, call: Any, io: str, index: Tuple[int, ...], grad: Any) -> None:
@@ -209,14 +208,15 @@ class OverflowSink(Sink):
             st["bin_status"] = max(st["bin_status"], status)
             return
         st["bout"][idx] = grad.detach()
-        if status == FINITE:
-            return
-        kind = self._counted(classify(st["bin_status"], status), st["bin_status"], status)
-        if kind is None:
-            return
-        st["done"] = True
-        self._record(st["snap"], "backward", kind, output=call.output, backward_input=dict(st["bin"]),
-                     backward_output=dict(st["bout"]))
+        kind = None
+        if status != FINITE:
+            kind = self._counted(classify(st["bin_status"], status), st["bin_status"], status)
+        if kind is not None:
+            st["done"] = True
+            self._record(st["snap"], "backward", kind, output=call.output, backward_input=dict(st["bin"]),
+                         backward_output=dict(st["bout"]))
+        if st["done"] or len(st["bout"]) >= st["expect"]:
+            call.state.pop(self, None)  # this call's backward is over: free its inputs and gradients
 
     def _counted(self, kind: Optional[str], in_status: int, out_status: int) -> Optional[str]:
         """The kind if this overflow is counted: ``inputs_nonfinite`` only for the first NaN of
@@ -235,6 +235,8 @@ class OverflowSink(Sink):
                 backward_output: Optional[Dict[str, Any]] = None) -> None:
         if self.limit != -1 and self.state["count"] >= self.limit:
             return
+        if not self.step_events and os.path.isdir(self.out_dir):
+            shutil.rmtree(self.out_dir, ignore_errors=True)  # a previous run's findings: not mixed in
         self.state["count"] += 1
         n = self.state["count"]
         api = snap.key(direction)
@@ -278,6 +280,15 @@ class OverflowSink(Sink):
 
     def close(self) -> None:
         self._seen.clear()
+
+
+def _inputs_requiring_grad(call: Any) -> List[Tuple[Tuple[int, ...], Any]]:
+    from pytest_ptdbg.capture.sink import input_items, iter_tensors
+    import torch
+
+    # capture taps no gradient for the argument an in-place call overwrites
+    return [(i, t) for i, t in iter_tensors(input_items(call.args, call.kwargs))
+            if isinstance(t, torch.Tensor) and t.requires_grad and not (call.inplace and i[0] == 0)]
 
 
 def _needs_backward(output: Any) -> bool:

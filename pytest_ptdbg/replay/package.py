@@ -33,6 +33,7 @@ import numpy as np
 from pytest_ptdbg.dump import records
 
 PACKAGE_FILE = "package.json"
+RNG_FILE = "rng_state.npy"
 FORMAT = "ptdbg-replay-package"
 VERSION = 1
 
@@ -64,6 +65,9 @@ class Package:
     tensors: Dict[str, TensorInfo]
     stack: List[list] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    #: ``{"device": "cpu", "file": "rng_state.npy"}``: the generator state before the call
+    #: (random ops such as dropout replay the same draws on that device type)
+    rng: Optional[dict] = None
 
     @property
     def parsed(self) -> records.ParsedName:
@@ -127,7 +131,17 @@ class Package:
             "tensors": {k: v.to_json() for k, v in self.tensors.items()},
             "stack": self.stack,
             "meta": self.meta,
+            **({"rng": self.rng} if self.rng else {}),
         }
+
+    def rng_state(self) -> Optional[Tuple[str, np.ndarray]]:
+        """``(device type, state bytes)`` saved before the call, or None."""
+        if not self.rng:
+            return None
+        path = records.safe_data_path(self.path, RNG_FILE[:-4])
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{self.api}: random generator state {path} is missing")
+        return str(self.rng.get("device", "cpu")), np.load(path, allow_pickle=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,6 +161,9 @@ class _LazyTensors(Mapping):
     def __init__(self, keys: Sequence[str], load: Callable[[str], Any]) -> None:
         self._keys = list(keys)
         self._load = load
+
+    def __contains__(self, key: object) -> bool:  # no load (Mapping's default would load)
+        return key in self._keys
 
     def __getitem__(self, key: str) -> Any:
         if key not in self._keys:
@@ -244,8 +261,11 @@ def write_package(
     requires_grad: Optional[Mapping[str, bool]] = None,
     stack: Optional[List[list]] = None,
     meta: Optional[dict] = None,
+    rng: Optional[Tuple[str, np.ndarray]] = None,
 ) -> Package:
     """Write a package to ``out_dir`` (replaced as a whole if it exists) and return it.
+
+    ``rng``: ``(device type, generator state)`` taken before the call, for random APIs.
 
     ``tensors`` maps tensor keys (``input.0``...) to torch tensors or numpy arrays (a numpy array
     may be given as ``(array, "torch.bfloat16")`` to record the original dtype).
@@ -274,7 +294,12 @@ def write_package(
             np.save(os.path.join(tmp, fname), np.asarray(arr), allow_pickle=False)
             infos[key] = TensorInfo(key, fname, dtype, tuple(int(s) for s in np.shape(arr)),
                                     bool(requires_grad.get(key, False)))
-        pkg = Package(os.path.abspath(out_dir), api, call, infos, [list(f) for f in (stack or [])], dict(meta or {}))
+        rng_doc = None
+        if rng is not None:
+            np.save(os.path.join(tmp, RNG_FILE), np.asarray(rng[1], dtype=np.uint8), allow_pickle=False)
+            rng_doc = {"device": str(rng[0]), "file": RNG_FILE}
+        pkg = Package(os.path.abspath(out_dir), api, call, infos, [list(f) for f in (stack or [])],
+                      dict(meta or {}), rng_doc)
         with open(os.path.join(tmp, PACKAGE_FILE), "w") as fh:
             json.dump(pkg.to_json(), fh, indent=1, allow_nan=True)
             fh.write("\n")
@@ -372,4 +397,8 @@ def load_package(package_dir: str) -> Package:
     for ref in tensor_refs(call):
         if ref not in infos:
             raise ValueError(f"{path}: call refers to tensor {ref!r}, which the package does not hold")
-    return Package(os.path.abspath(package_dir), api, call, infos, doc.get("stack") or [], doc.get("meta") or {})
+    rng = doc.get("rng")
+    if rng is not None and (not isinstance(rng, dict) or rng.get("file") != RNG_FILE):
+        raise ValueError(f"{path}: field 'rng' must be {{'device': ..., 'file': {RNG_FILE!r}}}")
+    return Package(os.path.abspath(package_dir), api, call, infos, doc.get("stack") or [], doc.get("meta") or {},
+                   rng)

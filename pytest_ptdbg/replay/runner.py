@@ -10,10 +10,11 @@ same on both sides, so whatever differs is this API's own doing.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -171,11 +172,14 @@ def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[st
         raise ReplayError(str(exc)) from None
     args, kwargs = _retarget(args, kwargs, dev, dt)
     if not backward:
-        with torch.no_grad():
-            output = func(*args, **kwargs)
-        return {k: v for k, v in pkgmod.flatten_output(output)}
+        with torch.no_grad(), _same_draws(pkg, dev):
+            output = _call(pkg, func, args, kwargs)
+        return dict(pkgmod.flatten_output(effective_output(output, args)))
+    if not leaves:
+        raise ReplayError(f"{pkg.api}: no input requires grad; nothing to differentiate")
     with torch.enable_grad():
-        output = func(*args, **kwargs)
+        with _same_draws(pkg, dev):
+            output = _call(pkg, func, args, kwargs)
         outs = dict(pkgmod.flatten_output(output))
         pairs = []
         for gkey in pkg.keys("backward_input"):
@@ -191,8 +195,6 @@ def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[st
         if not pairs:
             raise ReplayError(f"{pkg.api}: no output that requires grad has a saved incoming gradient "
                               f"(backward_input.*); nothing to differentiate")
-        if not leaves:
-            raise ReplayError(f"{pkg.api}: no input requires grad; nothing to differentiate")
         keys = list(leaves)
         grads = torch.autograd.grad([o for o, _ in pairs], [leaves[k] for k in keys],
                                     [g for _, g in pairs], allow_unused=True)
@@ -201,6 +203,42 @@ def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[st
         if g is not None:
             result["backward_output" + k[len("input"):]] = g
     return result
+
+
+def _call(pkg: Package, func: Callable, args: list, kwargs: dict) -> Any:
+    try:
+        return func(*args, **kwargs)
+    except Exception as exc:
+        raise ReplayError(f"{pkg.api}: the call failed on replay: {type(exc).__name__}: {exc}") from exc
+
+
+@contextlib.contextmanager
+def _same_draws(pkg: Package, dev: Any) -> Iterator[None]:
+    """Run with the generator state saved before the original call (random APIs such as dropout)
+    when the package has one for this device type; the caller's generator state is restored."""
+    import torch
+
+    saved = pkg.rng_state()
+    if saved is None or saved[0] != dev.type or dev.type not in ("cpu", "cuda"):
+        yield
+        return
+    state = torch.from_numpy(np.ascontiguousarray(saved[1]))
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        if dev.type == "cpu":
+            torch.set_rng_state(state)
+        else:
+            torch.cuda.set_rng_state(state, dev)
+        yield
+
+
+def effective_output(output: Any, args: Any) -> Any:
+    """What an API gave back; for an in-place API that returns nothing (``__setitem__``) the
+    tensor it modified, its first argument."""
+    import torch
+
+    if not pkgmod.flatten_output(output) and args and isinstance(args[0], torch.Tensor):
+        return args[0]
+    return output
 
 
 def _retarget(args: list, kwargs: dict, dev: Any, dtype: Any) -> Tuple[list, dict]:

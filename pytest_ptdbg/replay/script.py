@@ -46,6 +46,19 @@ def load(key, dtype, device, cast=None, requires_grad=False):
     return t.requires_grad_(True) if requires_grad and t.is_floating_point() else t
 
 
+RNG = {rng!r}
+
+
+def set_rng(device):
+    """Give a random API (dropout...) the generator state of the original call, on that device type."""
+    if RNG and RNG["device"] == device.type:
+        state = torch.from_numpy(np.load(os.path.join(ARGS.package, RNG["file"]), allow_pickle=False))
+        if device.type == "cpu":
+            torch.set_rng_state(state)
+        elif device.type == "cuda":
+            torch.cuda.set_rng_state(state, device)
+
+
 def flatten(value, prefix="output"):
     """{{key: tensor}} of a return value, keyed like the dump (output.0, output.1.0, ...)."""
     items = list(value) if isinstance(value, (list, tuple)) else [value]
@@ -172,10 +185,16 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
             raise ReplayError(f"{pkg.api}: keyword {k!r} is not an identifier")
         args.append(f"{k}={render_value(v, names)}")
     call = f"{func}({', '.join(args)})"
+    body.append("    set_rng(device)")
     if not backward:
         body.append("    with torch.no_grad():")
         body.append(f"        output = {call}")
-        body.append("    result = flatten(output)")
+        first = pkg.call.get("args", [None])[0] if pkg.call.get("args") else None
+        if isinstance(first, dict) and set(first) == {"t"}:
+            # an in-place API that returns nothing (__setitem__): its result is what it changed
+            body.append(f"    result = flatten(output) or flatten({names[first['t']]})")
+        else:
+            body.append("    result = flatten(output)")
     else:
         leaves = [k for k in pkgmod.tensor_refs(pkg.call) if pkg.tensors[k].requires_grad]
         if not leaves:
@@ -203,10 +222,12 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
     frames = [f for f in pkg.stack[:5] if isinstance(f, list) and len(f) >= 3]
     if frames:
         stack = "# recorded at (innermost first):\n" + "\n".join(
-            "#   " + " ".join(str(x) for x in f[:3]).replace("\n", " ")[:160] for f in frames) + "\n"
+            "#   " + re.sub(r"[\x00-\x1f\x7f\u2028\u2029\x85\x0c]", " ", " ".join(str(x) for x in f[:3]))[:160]
+            for f in frames) + "\n"
     return _TEMPLATE.format(
         api=pkg.api, what=what, script_name=script_name, package_dir=pkg.path, stack_comment=stack,
         body="\n".join(body), expected={k: pkg.tensors[k].dtype for k in pkg.expected_keys},
+        rng={"device": str(pkg.rng.get("device")), "file": pkgmod.RNG_FILE} if pkg.rng else None,
     )
 
 

@@ -1,6 +1,7 @@
 """What a sink keeps of a live call so that it can be packaged later (after the call, or in backward)."""
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from pytest_ptdbg.replay import package as pkgmod
@@ -16,9 +17,9 @@ class CallSnapshot:
     """
 
     __slots__ = ("api_type", "api_name", "index", "args", "kwargs", "inputs", "requires_grad", "versions",
-                 "stack", "ctx")
+                 "stack", "ctx", "rng")
 
-    def __init__(self, call: Any, copy: Optional[bool] = None) -> None:
+    def __init__(self, call: Any, copy: Optional[bool] = None, rng: Optional[bool] = None) -> None:
         self.api_type, self.api_name, self.index = call.api_type, call.api_name, call.index
         self.args, self.kwargs = tuple(call.args), dict(call.kwargs)
         self.inputs: Dict[str, Any] = {}
@@ -37,6 +38,9 @@ class CallSnapshot:
             self.versions[key] = d._version
         self.stack = call.stack
         self.ctx = call.ctx
+        if rng is None:
+            rng = bool(RANDOM.search(call.api_name))
+        self.rng = rng_state(device_of(self)) if rng else None
 
     def modified(self) -> List[str]:
         """Input keys changed in place since the snapshot."""
@@ -52,6 +56,8 @@ class CallSnapshot:
               backward_output: Optional[Dict[str, Any]] = None, meta: Optional[dict] = None) -> pkgmod.Package:
         """Write the package of this call (``direction``: which API key it reproduces)."""
         tensors: Dict[str, Any] = dict(self.inputs)
+        if not pkgmod.flatten_output(output) and self.args and hasattr(self.args[0], "shape"):
+            output = self.args[0]  # an in-place API returning nothing (__setitem__): what it changed
         if output is not None:
             tensors.update(dict(pkgmod.flatten_output(output)))
         for io, grads in (("backward_input", backward_input), ("backward_output", backward_output)):
@@ -66,7 +72,29 @@ class CallSnapshot:
             meta["inputs_modified_after_call"] = changed
         spec = pkgmod.encode_call(self.args, self.kwargs)
         return pkgmod.write_package(out_dir, self.key(direction), spec, tensors, self.requires_grad,
-                                    self.stack, meta)
+                                    self.stack, meta, self.rng)
+
+
+#: API names that draw random numbers (their generator state is saved with the package)
+RANDOM = re.compile(r"dropout|rand|bernoulli|multinomial|normal_|uniform_|exponential_|geometric_|"
+                    r"cauchy_|log_normal_|random_|poisson|rrelu|gumbel|fractional_max_pool")
+
+
+def rng_state(device: str) -> Optional[Tuple[str, Any]]:
+    """``(device type, state as a uint8 numpy array)`` of the generator ``device`` draws from."""
+    import torch
+
+    kind = device.split(":")[0]
+    try:
+        if kind == "cpu":
+            return "cpu", torch.get_rng_state().numpy().copy()
+        if kind == "cuda":
+            return "cuda", torch.cuda.get_rng_state(torch.device(device)).numpy().copy()
+        if kind == "npu":  # pragma: no cover - needs torch_npu
+            return "npu", torch.npu.get_rng_state(torch.device(device)).numpy().copy()  # type: ignore[attr-defined]
+    except Exception:  # pragma: no cover - a generator we cannot read: no state saved
+        return None
+    return None
 
 
 def index_str(index: Tuple[int, ...]) -> str:

@@ -1,0 +1,1 @@
+"""Report writers: the CSV (ptdbg columns), the advisor text file and the HTML report (no torch)."""

@@ -25,6 +25,8 @@ from typing import Any, List, Optional, Sequence
 
 import pandas as pd
 
+from pytest_ptdbg.advise.advice_text import as_frames
+
 BASE_COLUMNS = ["NPU Name", "Bench Name", "NPU Tensor Dtype", "Bench Tensor Dtype",
                 "NPU Tensor Shape", "Bench Tensor Shape"]
 METRIC_COLUMNS = ["Cosine", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
@@ -51,13 +53,10 @@ def csv_columns(summary: bool, stack_mode: bool) -> List[str]:
 
 def format_stack_cell(stack: Optional[Sequence[Any]]) -> str:
     """One line: ``File "a.py", line 3, in f: code | File ...`` (innermost frame first)."""
-    if not isinstance(stack, (list, tuple)) or not stack:
-        return ""
     parts = []
-    for f in stack:
-        if isinstance(f, (list, tuple)) and len(f) >= 3:
-            code = str(f[3]).strip().replace("\n", " ") if len(f) > 3 and f[3] else ""
-            parts.append(f'File "{f[0]}", line {f[1]}, in {f[2]}' + (f": {code}" if code else ""))
+    for f in as_frames(stack):
+        code = str(f[3]).strip().replace("\n", " ") if len(f) > 3 and f[3] else ""
+        parts.append(f'File "{f[0]}", line {f[1]}, in {f[2]}' + (f": {code}" if code else ""))
     return " | ".join(parts)
 
 

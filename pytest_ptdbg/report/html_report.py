@@ -41,6 +41,9 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 10px;border-bo
 .badge{display:inline-block;font:600 11px system-ui,sans-serif;text-transform:uppercase;letter-spacing:.03em;border-radius:4px;padding:1px 6px;margin-left:6px;vertical-align:2px}
 .b-own{background:#fee2e2;color:#991b1b} .b-nonfinite{background:#7f1d1d;color:#fff}
 .b-unpaired{background:#fef3c7;color:#92400e} .b-inherited{background:#e2e8f0;color:#334155}
+.b-origin{background:#fee2e2;color:#991b1b} .b-latent{background:#fee2e2;color:#991b1b}
+.b-amplifier{background:#ffedd5;color:#9a3412} .b-sensitive{background:#f1f5f9;color:#475569}
+.card.amplifier{border-left-color:#fb923c} .card.sensitive{border-left-color:#cbd5e1}
 .b-dir{background:#e0e7ff;color:#3730a3} .b-cat{background:#ecfeff;color:#155e75}
 .facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:6px 0}
 .facts dt{color:var(--muted)} .facts dd{margin:0}
@@ -56,7 +59,8 @@ table.rows td.name{font-family:ui-monospace,monospace;word-break:break-all}
 .plot{display:block;margin:6px 0 14px;border:1px solid var(--line);border-radius:8px;background:#fff}
 .plot .grid{stroke:#eef2f7} .plot .tick{font-size:11px;fill:#64748b}
 .plot .axis{font-size:12px;fill:#475569} .plot .ptitle{font-size:14px;font-weight:600;fill:#0f172a}
-.plot .legend{font-size:12px;fill:#334155} .plot .mark{font-size:12px;font-weight:600}
+.plot .legend{font-size:12px;fill:#334155}
+.plot .mark{font-size:12px;font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}
 .plot .hover{fill:transparent} .plot .hover:hover{fill:#0f172a;fill-opacity:.06}
 .plot .muted{fill:#94a3b8}
 footer{margin-top:30px;color:var(--muted);font-size:12px}
@@ -89,7 +93,8 @@ def api_series(table: pd.DataFrame, direction: str, optimizer: Optional[bool] = 
     paired = _bool(t["_paired"], False)
     out = (t["_io"].astype(str) == "output").to_numpy() & paired
     cos = _num(t["Cosine"]) if "Cosine" in t.columns else np.full(len(t), np.nan)
-    one_minus = np.where(out, np.clip(1.0 - cos, 0.0, None), np.nan)
+    one_minus = np.clip(1.0 - cos, 0.0, None)
+    one_minus = np.where(out, np.where(one_minus < 1e-15, 0.0, one_minus), np.nan)  # float64 ulps
     rel = np.where(out, np.abs(_num(t["_rel_l2"])), np.nan)
     nanm = _bool(t["_nan_mismatch"], False) & out
     one_minus = np.where(nanm, np.inf, one_minus)
@@ -134,6 +139,8 @@ def _chip(label: str, value: object) -> str:
 def _suspect_card(rank: int, s: Suspect) -> str:
     kind_label = {"own": "own error", "nonfinite": "NaN/Inf appears", "unpaired":
                   f"only on {s.side or 'one'} side", "inherited": "inherited"}[s.kind]
+    kind_label = {"amplifier": "amplifies earlier error", "latent": "origin, passes its dtype",
+                  "sensitive": "branch flips"}.get(s.role, kind_label)
     facts = [("where", f'<span class="mono">{escape(s.location)}</span>'),
              ("CSV line", str(s.csv_line))]
     if s.kind != "unpaired":
@@ -146,11 +153,21 @@ def _suspect_card(rank: int, s: Suspect) -> str:
     stack = at.format_stack(s.stack)
     st = (f"<details><summary>call stack ({len(s.stack or [])} frames)</summary>"
           f"<pre>{escape(stack)}</pre></details>") if stack else ""
-    return (f'<div class="card {s.kind}"><h3>#{rank} {escape(s.api)}'
-            f'<span class="badge b-{s.kind}">{escape(kind_label)}</span>'
+    return (f'<div class="card {s.kind} {s.role}"><h3>#{rank} {escape(s.api)}'
+            f'<span class="badge b-{s.role or s.kind}">{escape(kind_label)}</span>'
             f'<span class="badge b-dir">{escape(s.direction)}</span>'
             f'<span class="badge b-cat">{escape(s.category)}</span></h3>'
             f'<dl class="facts">{dl}</dl><div class="advice">{escape(s.advice)}</div>{st}</div>')
+
+
+def _inherited_row(s: Suspect) -> str:
+    badge = ' <span class="badge b-sensitive">negligible</span>' if s.role == "negligible" else ""
+    cells = [f'<td class="name">{escape(s.api)}{badge}</td>', f'<td class="num">{s.csv_line}</td>',
+             f'<td class="num">{escape(at.fmt_err(s.input_error))}</td>',
+             f'<td class="num">{escape(at.fmt_err(s.output_error))}</td>',
+             f'<td class="num">{escape(s.growth_text)}</td>',
+             f'<td class="mono">{escape(s.location)}</td>']
+    return "<tr>" + "".join(cells) + "</tr>"
 
 
 def _fmt_cell(v: object) -> str:
@@ -195,13 +212,17 @@ def render_html(table: pd.DataFrame, advice: Advice, title: str = "pytest-ptdbg 
                   "the bench under the verdict rule; no API lost precision.</div>")
     else:
         what = {"own": "loses precision here", "nonfinite": "first produces NaN/Inf",
-                "unpaired": "exists on one side only", "inherited": "already receives differing inputs"}[first.kind]
+                "unpaired": "exists on one side only",
+                "inherited": "already receives differing inputs"}[first.kind]
+        what = {"latent": "creates the error that fails later (within its own dtype's tolerance)",
+                "sensitive": "flips a few elements on tiny input differences",
+                "negligible": "fails the rule with a negligible difference"}.get(first.role, what)
         banner = (f'<div class="banner bad"><b>First suspect:</b> <span class="mono">'
-                  f"{escape(first.api)}</span> {what} ({escape(first.category)}); "
-                  f'at <span class="mono">{escape(first.location)}</span>.</div>')
+                  f"{escape(first.api)}</span> {escape(what)}. Kind: {escape(first.category)}. "
+                  f'At <span class="mono">{escape(first.location)}</span>.</div>')
     chips = "".join([
         _chip("tensor rows", advice.n_rows), _chip("compared", advice.n_compared),
-        _chip("failing", advice.n_failed), _chip("suspects", len(advice.root_causes)),
+        _chip("failing", advice.n_failed), _chip("suspects", max(advice.n_root_causes, len(advice.root_causes))),
         _chip("inherited", advice.n_inherited), _chip("unpaired calls", advice.n_unpaired),
         _chip("mode", "summary (statistics)" if csv_report.is_summary(table) else "full tensors"),
     ])
@@ -215,16 +236,12 @@ def render_html(table: pd.DataFrame, advice: Advice, title: str = "pytest-ptdbg 
     inh = [s for s in advice.suspects if s.kind == "inherited"]
     inh_html = ""
     if inh:
-        rows = "".join(
-            f'<tr><td class="name">{escape(s.api)}</td><td class="num">{s.csv_line}</td>'
-            f'<td class="num">{escape(at.fmt_err(s.input_error))}</td>'
-            f'<td class="num">{escape(at.fmt_err(s.output_error))}</td>'
-            f'<td class="num">{escape(s.growth_text)}</td>'
-            f'<td class="mono">{escape(s.location)}</td></tr>' for s in inh)
+        rows = "".join(_inherited_row(s) for s in inh)
         more = advice.n_inherited - len(inh)
         inh_html = (
             "<h2>Inherited errors</h2><p class=\"muted\">These calls fail only because their inputs "
-            "already differ; their own error growth is small. Not root causes.</p>"
+            "already differ; their own error growth is small. Not root causes. Calls marked "
+            "negligible fail the rule with an error at noise level.</p>"
             '<table class="rows"><thead><tr><th>API</th><th>line</th><th>input error</th>'
             "<th>output error</th><th>growth</th><th>where</th></tr></thead>"
             f"<tbody>{rows}</tbody></table>"

@@ -141,8 +141,8 @@ def error_plot(data: PlotData, title: str, width: int = 1180, height: int = 300,
     # failing calls: red rings (with a tooltip); hover targets for all calls when few
     fail_idx = [i for i, f in enumerate(data.failing) if f][:2000]
     for i in fail_idx:
-        vals = [s.values[i] for s in data.series
-                if s.values[i] is not None and not (isinstance(s.values[i], float) and math.isnan(s.values[i]))]
+        vals = [s.values[i] for s in data.series if s.values[i] is not None]
+        vals = [v for v in vals if not math.isnan(v)]
         v = max(vals) if vals else float("nan")
         if not math.isfinite(v):  # unknown, or NaN/Inf (already a red triangle)
             continue
@@ -164,7 +164,7 @@ def error_plot(data: PlotData, title: str, width: int = 1180, height: int = 300,
                    'stroke-width="1.6" stroke-dasharray="5 3"/>')
         anchor = "start" if x < ml + pw * 0.7 else "end"
         dx = 5 if anchor == "start" else -5
-        ly = mt + 24 + 14 * (j % 3)
+        ly = mt + 24 + 16 * (j % 3)
         out.append(f'<text x="{x + dx:.1f}" y="{ly}" text-anchor="{anchor}" class="mark" '
                    f'fill="{m.colour}">{escape(m.label)}</text>')
 
@@ -174,7 +174,8 @@ def error_plot(data: PlotData, title: str, width: int = 1180, height: int = 300,
     for colour, label in reversed(items):
         tw = 8 + 6.6 * len(label)
         lx -= tw + 22
-        out.append(f'<line x1="{lx:.1f}" x2="{lx + 16:.1f}" y1="16" y2="16" stroke="{colour}" stroke-width="2.5"/>')
+        out.append(f'<line x1="{lx:.1f}" x2="{lx + 16:.1f}" y1="16" y2="16" stroke="{colour}" '
+                   'stroke-width="2.5"/>')
         out.append(f'<text x="{lx + 20:.1f}" y="20" class="legend">{escape(label)}</text>')
     lx -= 80
     out.append(f'<circle cx="{lx + 6:.1f}" cy="16" r="3.5" fill="none" stroke="#dc2626" stroke-width="1.3"/>')
