@@ -19,13 +19,13 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "PrecisionDebugger": "pytest_ptdbg.debugger",
     "seed_all": "pytest_ptdbg.seed",
-    "compare": "pytest_ptdbg.compare.api",
-    "compare_distributed": "pytest_ptdbg.compare.api",
-    "CompareResult": "pytest_ptdbg.compare.api",
-    "parse": "pytest_ptdbg.parse",
+    "compare": "pytest_ptdbg.comparison.api",
+    "compare_distributed": "pytest_ptdbg.comparison.api",
+    "CompareResult": "pytest_ptdbg.comparison.api",
+    "parse": "pytest_ptdbg.parsing",
     "assert_precision": "pytest_ptdbg.assertions",
     "PrecisionError": "pytest_ptdbg.assertions",
-    "replay": "pytest_ptdbg.replay.runner",
+    "replay": "pytest_ptdbg.single_api.runner",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -20,7 +20,7 @@ SUBCOMMANDS: Dict[str, Tuple[str, str, str]] = {
                 "compare two dumps API by API and name the API that first loses precision"),
     "parse": ("pytest_ptdbg.cli:add_parse_parser", "add_parser",
               "print the stack and statistics of the records of one API"),
-    "replay": ("pytest_ptdbg.replay.cli:add_parser", "add_parser",
+    "replay": ("pytest_ptdbg.single_api.cli:add_parser", "add_parser",
                "run one saved API call again and compare with the saved result"),
     "demo": ("pytest_ptdbg.demo:main", "main", "dump one training step of an example model"),
 }
@@ -65,7 +65,7 @@ def add_compare_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from pytest_ptdbg.compare.api import compare, compare_distributed
+    from pytest_ptdbg.comparison.api import compare, compare_distributed
 
     kw = dict(stack_mode=args.stack, fuzzy_match=args.fuzzy, rule=args.rule)
     try:
@@ -107,7 +107,7 @@ def add_parse_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run_parse(args: argparse.Namespace) -> int:
-    from pytest_ptdbg.parse import parse
+    from pytest_ptdbg.parsing import parse
 
     try:
         found = parse(args.pkl, args.api)

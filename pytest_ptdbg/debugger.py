@@ -130,9 +130,9 @@ class PrecisionDebugger:
         cfg = self.config
         rdir = self._rank_dir(rank)
         if cfg.hook_name == "overflow_check":
-            cls = _import_sink("pytest_ptdbg.replay.overflow", "OverflowSink", "hook_name='overflow_check'")
+            cls = _import_sink("pytest_ptdbg.single_api.overflow", "OverflowSink", "hook_name='overflow_check'")
         elif cfg.mode == "acl":
-            cls = _import_sink("pytest_ptdbg.replay.acl", "AclSink", "mode='acl'")
+            cls = _import_sink("pytest_ptdbg.single_api.acl", "AclSink", "mode='acl'")
         else:
             from pytest_ptdbg.dump.writer import DumpSink
 

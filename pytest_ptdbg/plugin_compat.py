@@ -13,7 +13,7 @@ _DTYPE_KEYS = ("max_fail_fraction",)
 
 def to_thresholds(settings: Settings) -> Any:
     """``compare.verdict.Thresholds`` from the settings' threshold dict."""
-    from pytest_ptdbg.compare.verdict import Thresholds
+    from pytest_ptdbg.comparison.verdict import Thresholds
 
     th = Thresholds()
     given = dict(settings.thresholds)
@@ -45,7 +45,7 @@ def effective_thresholds(settings: Settings) -> Dict[str, Any]:
 
 def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> Any:
     """``compare(params, out_dir, stack_mode=True, auto_analyze=True, rule, thresholds)``, quietly."""
-    from pytest_ptdbg.compare.api import compare
+    from pytest_ptdbg.comparison.api import compare
 
     return compare(params, out_dir, stack_mode=True, auto_analyze=True, fuzzy_match=False,
                    rule=settings.rule, thresholds=to_thresholds(settings))

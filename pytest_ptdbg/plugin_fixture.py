@@ -12,7 +12,7 @@ import pytest
 
 from pytest_ptdbg import plugin_golden as golden
 from pytest_ptdbg import plugin_options
-from pytest_ptdbg.plugin_devices import DeviceUnavailable, resolve_device
+from pytest_ptdbg.device import DeviceUnavailable, resolve_device
 from pytest_ptdbg.plugin_options import Settings
 from pytest_ptdbg.plugin_run import SideRun, compare_sides, locate_dump, preserved_rng, run_model, \
     run_side, to_device

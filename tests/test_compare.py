@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from pytest_ptdbg import compare
-from pytest_ptdbg.compare.table import FULL_COLUMNS, SUMMARY_COLUMNS
+from pytest_ptdbg.comparison.table import FULL_COLUMNS, SUMMARY_COLUMNS
 from pytest_ptdbg.dump import records
 
 import dumps

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from pytest_ptdbg.compare import metrics as M
+from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.dump.npy import NpyStream
 
 

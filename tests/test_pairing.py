@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from pytest_ptdbg.compare.pairing import ApiSig, align, compatible, dtype_class
+from pytest_ptdbg.comparison.pairing import ApiSig, align, compatible, dtype_class
 
 
 def sig(family, k, shape=(4,), dtype="float", direction="forward", slots=("input.0", "output.0")):
@@ -72,7 +72,7 @@ def test_call_index_breaks_ties_unless_fuzzy():
 @pytest.mark.parametrize("seed, windowed", [(0, False), (1, False), (2, False), (3, True)])
 def test_long_sequence_with_random_insertions_and_deletions(seed, windowed, monkeypatch):
     if windowed:  # align by sliding windows, as for a gap too long for one table
-        from pytest_ptdbg.compare import pairing
+        from pytest_ptdbg.comparison import pairing
 
         monkeypatch.setattr(pairing, "DP_LIMIT", 10_000)
         monkeypatch.setattr(pairing, "WINDOW", 60)

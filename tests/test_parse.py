@@ -30,8 +30,8 @@ def test_parse_tensor_prefix_and_no_match(tmp_path, capsys):
 
 def test_parse_name_works_whatever_was_imported_first(tmp_path, capsys):
     import pytest_ptdbg
-    import pytest_ptdbg.compare.table  # noqa: F401  (binds the package attribute "compare")
-    import pytest_ptdbg.parse  # noqa: F401
+    import pytest_ptdbg.comparison.table  # noqa: F401  (binds the package attribute "compare")
+    import pytest_ptdbg.parsing  # noqa: F401
 
     dumps.write_dump(str(tmp_path), dumps.mlp_apis())
     assert pytest_ptdbg.parse(str(tmp_path), "Torch_relu_0_forward")

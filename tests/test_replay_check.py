@@ -69,7 +69,7 @@ def test_own_and_inherited_errors_are_separated(dumps):
 
 
 def test_check_suspects_from_the_advisor(dumps, tmp_path):
-    from pytest_ptdbg.compare.api import compare
+    from pytest_ptdbg.comparison.api import compare
 
     npu, bench = dumps
     res = compare({"npu_pkl_path": npu, "bench_pkl_path": bench, "is_print_compare_log": False},

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from pytest_ptdbg.compare import metrics as M
-from pytest_ptdbg.compare import verdict as V
+from pytest_ptdbg.comparison import metrics as M
+from pytest_ptdbg.comparison import verdict as V
 
 
 def pm(cos, mae, compared=10, **kw):

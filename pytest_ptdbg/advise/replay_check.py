@@ -79,7 +79,7 @@ class ReplayVerdict:
 
 def _err(a: np.ndarray, b: np.ndarray, a_dtype: str, b_dtype: str) -> float:
     """``max(1 - cosine, rel L2)`` of a pair; inf when NaN/Inf positions differ."""
-    from pytest_ptdbg.compare import metrics
+    from pytest_ptdbg.comparison import metrics
 
     m = metrics.compare_arrays(a, b, eps=metrics.dtype_eps(b_dtype))
     if m.shape_mismatch or m.nan_mismatch:
@@ -114,7 +114,7 @@ def _call_spec(rec: reader.ApiRec) -> Optional[dict]:
 def _package_from_dump(api: str, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], spec: dict,
                        dtypes: Optional[Dict[str, str]] = None):
     """An in-memory reproduction package whose tensors are the dump's ``.npy`` files."""
-    from pytest_ptdbg.replay.package import Package, TensorInfo, tensor_refs
+    from pytest_ptdbg.single_api.package import Package, TensorInfo, tensor_refs
 
     tensors: Dict[str, TensorInfo] = {}
     missing: List[str] = []
@@ -182,8 +182,8 @@ def check_apis(apis: Sequence[str], npu_dump: Union[str, reader.Dump], bench_dum
 
 def _check_one(api: str, n_idx: Dict[str, reader.ApiRec], b_idx: Dict[str, reader.ApiRec], device: str,
                oracle: bool, observed: Optional[float], input_error: Optional[float], bench_api: str) -> ReplayVerdict:
-    from pytest_ptdbg.replay.runner import run_package
-    from pytest_ptdbg.replay.package import to_numpy
+    from pytest_ptdbg.single_api.runner import run_package
+    from pytest_ptdbg.single_api.package import to_numpy
 
     p = records.parse_name(api)
     fkey = records.api_key(p.api_type, p.api_name, p.call_index, "forward")

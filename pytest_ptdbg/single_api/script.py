@@ -12,8 +12,8 @@ import os
 import re
 from typing import Any, Dict, List
 
-from pytest_ptdbg.replay import package as pkgmod
-from pytest_ptdbg.replay.runner import ReplayError, api_path
+from pytest_ptdbg.single_api import package as pkgmod
+from pytest_ptdbg.single_api.runner import ReplayError, api_path
 
 _DTYPE = re.compile(r"^(torch|numpy)\.[a-z0-9_]+$")
 

@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pandas as pd
 
-from pytest_ptdbg.compare import verdict as V
-from pytest_ptdbg.compare.table import build_table
+from pytest_ptdbg.comparison import verdict as V
+from pytest_ptdbg.comparison.table import build_table
 from pytest_ptdbg.dump import reader
 
 

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
-from pytest_ptdbg.compare.metrics import PairMetrics, _num
+from pytest_ptdbg.comparison.metrics import PairMetrics, _num
 
 RULES = ("ptdbg", "dtype")
 

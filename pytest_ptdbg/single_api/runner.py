@@ -18,8 +18,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from pytest_ptdbg.replay import package as pkgmod
-from pytest_ptdbg.replay.package import Package
+from pytest_ptdbg.single_api import package as pkgmod
+from pytest_ptdbg.single_api.package import Package
 
 __all__ = ["replay", "replay_package", "run_package", "resolve_api", "ReplayResult", "TensorCheck"]
 
@@ -106,22 +106,14 @@ def parse_dtype(dtype: Any) -> Any:
 
 def check_device(device: str) -> Any:
     """A usable ``torch.device`` for ``device`` (``cpu``, ``cuda[:i]``, ``npu[:i]``) or ReplayError."""
-    import torch
+    from pytest_ptdbg.device import DeviceUnavailable, resolve_device
 
-    kind = str(device).split(":")[0]
-    if kind == "npu":
-        try:
-            import torch_npu  # noqa: F401
-        except ImportError:
-            raise ReplayError("device 'npu' needs torch_npu, which does not import here") from None
-        if not torch.npu.is_available():  # type: ignore[attr-defined]
-            raise ReplayError("device 'npu': torch_npu imports but no Ascend device is available")
-    elif kind == "cuda":
-        if not torch.cuda.is_available():
-            raise ReplayError("device 'cuda': no CUDA device is available here")
-    elif kind != "cpu":
-        raise ReplayError(f"unknown device {device!r} (expected cpu, cuda or npu)")
-    return torch.device(device)
+    if str(device).strip().lower() == "auto":
+        raise ReplayError("replay needs an explicit device: cpu, cuda[:i] or npu[:i]")
+    try:
+        return resolve_device(str(device))
+    except DeviceUnavailable as exc:
+        raise ReplayError(str(exc)) from None
 
 
 def _torch_dtype(name: str) -> Any:
@@ -343,7 +335,7 @@ def _fmt(x: float) -> str:
 def compare_tensor(key: str, expected: np.ndarray, expected_dtype: str, actual: Any,
                    rule: Optional[str] = None) -> TensorCheck:
     """Compare a replayed tensor with the saved array using ``compare.metrics``/``compare.verdict``."""
-    from pytest_ptdbg.replay import _metrics
+    from pytest_ptdbg.single_api import _metrics
 
     act = pkgmod.to_numpy(actual)
     replay_dtype = str(actual.dtype)

@@ -30,8 +30,8 @@ import numpy as np
 
 from pytest_ptdbg.capture.sink import Sink
 from pytest_ptdbg.dump import records
-from pytest_ptdbg.replay import package as pkgmod
-from pytest_ptdbg.replay.snapshot import CallSnapshot, base_meta, device_of
+from pytest_ptdbg.single_api import package as pkgmod
+from pytest_ptdbg.single_api.snapshot import CallSnapshot, base_meta, device_of
 
 __all__ = ["AclConfig", "load_acl_config", "AclSink", "load_backward_input"]
 
@@ -210,7 +210,7 @@ class AclSink(Sink):
             grads = self._check_grads(call.output)
             meta["backward_input_files"] = self.grad_files
         pkg = snap.write(self.out_dir, self.target.direction, call.output, backward_input=grads, meta=meta)
-        from pytest_ptdbg.replay.runner import replay_package, run_package
+        from pytest_ptdbg.single_api.runner import replay_package, run_package
 
         with kernel_dump(self.acl, device) as on:
             if self.backward:

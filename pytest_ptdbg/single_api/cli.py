@@ -35,11 +35,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``ptdbg replay``."""
-    from pytest_ptdbg.replay.runner import ReplayError, replay
+    from pytest_ptdbg.single_api.runner import ReplayError, replay
 
     try:
         if args.script:
-            from pytest_ptdbg.replay.script import write_script
+            from pytest_ptdbg.single_api.script import write_script
 
             path = write_script(args.package, args.script)
             print(f"wrote {path}: python {path} [--device cpu] [--dtype float64]")
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run ``replay`` alone (``python -m pytest_ptdbg.replay.cli PACKAGE ...``)."""
+    """Run ``replay`` alone (``python -m pytest_ptdbg.single_api.cli PACKAGE ...``)."""
     parser = argparse.ArgumentParser(prog="ptdbg")
     sub = parser.add_subparsers(dest="command", required=True)
     add_parser(sub)

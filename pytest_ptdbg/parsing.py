@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-import types
 from typing import Any, Dict, List, Optional, TextIO
 
 from pytest_ptdbg.dump import reader
@@ -48,13 +47,3 @@ def parse(pkl_path: str, api_prefix: str, file: Optional[TextIO] = None) -> List
         print(f"no record of {dump.source} starts with {api_prefix!r}", file=out)
     return found
 
-
-class _CallableModule(types.ModuleType):
-    """``pytest_ptdbg.parse`` is both this module and the function: Python binds the module to the
-    package attribute when it is imported, so the module forwards calls to :func:`parse`."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> List[Dict[str, Any]]:
-        return parse(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

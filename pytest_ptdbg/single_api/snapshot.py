@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from pytest_ptdbg.replay import package as pkgmod
+from pytest_ptdbg.single_api import package as pkgmod
 
 
 class CallSnapshot:

@@ -20,9 +20,9 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 import pandas as pd
 
-from pytest_ptdbg.compare import metrics as M
-from pytest_ptdbg.compare import verdict as V
-from pytest_ptdbg.compare.pairing import pair_apis
+from pytest_ptdbg.comparison import metrics as M
+from pytest_ptdbg.comparison import verdict as V
+from pytest_ptdbg.comparison.pairing import pair_apis
 from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
 

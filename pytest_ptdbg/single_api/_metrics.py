@@ -5,7 +5,7 @@ from typing import Optional
 
 import numpy as np
 
-from pytest_ptdbg.compare import metrics, verdict
+from pytest_ptdbg.comparison import metrics, verdict
 
 
 def pair_metrics(saved: np.ndarray, replayed: np.ndarray, saved_dtype: str, replay_dtype: str,
