@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -64,6 +65,27 @@ def add_compare_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def step_folder(path: str) -> str:
+    """The step folder (holding ``rank<N>`` folders) of a dump_path, ``ptdbg_dump_v4.0`` or step folder.
+
+    Raises ValueError naming the steps when there are several to choose from.
+    """
+    import re
+
+    from pytest_ptdbg.dump import records
+
+    inner = os.path.join(path, records.DUMP_DIR_NAME)
+    if os.path.isdir(inner):
+        path = inner
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path}: no such directory")
+    steps = sorted(e for e in os.listdir(path)
+                   if re.fullmatch(r"step\d+", e) and os.path.isdir(os.path.join(path, e)))
+    if len(steps) > 1:
+        raise ValueError(f"{path}: several steps ({', '.join(steps)}); pass the step folder to compare")
+    return os.path.join(path, steps[0]) if steps else path
+
+
 def run_compare(args: argparse.Namespace) -> int:
     from pytest_ptdbg.comparison.api import compare, compare_distributed
 
@@ -72,7 +94,7 @@ def run_compare(args: argparse.Namespace) -> int:
         if args.distributed:
             if args.summary:
                 kw["summary_compare"] = True
-            res = compare_distributed(args.npu, args.bench, args.output,
+            res = compare_distributed(step_folder(args.npu), step_folder(args.bench), args.output,
                                       is_print_compare_log=not args.quiet, **kw)
             if args.quiet:
                 print(res.summary, end="")

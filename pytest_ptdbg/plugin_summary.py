@@ -155,8 +155,9 @@ class SessionSummary:
         expected = sum(1 for e in self.entries
                        if e.get("verdict") == "failed" and e.get("test_outcome") == "passed")
         if expected:
-            counts += f" ({expected} failed comparison(s) in passing tests: asserted on purpose)"
-        tr.write_line(f"ptdbg: {counts}; artifacts in {self.run_dir}")
+            counts += (f" ({expected} of the failed in tests that passed: the test expects the"
+                       " failure)")
+        tr.write_line(f"ptdbg: {len(self.entries)} comparison(s): {counts}; artifacts in {self.run_dir}")
         if self.json_path:
             tr.write_line(f"ptdbg: session summary {self.json_path}")
         if self.index_path:

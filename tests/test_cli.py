@@ -72,3 +72,24 @@ def test_registry_lists_lazily_and_skips_missing_modules(capsys):
         del cli.SUBCOMMANDS["ghost"]
     with pytest.raises(ValueError):
         cli.register("x", "a:b", kind="other")
+
+
+def test_distributed_compare_takes_dump_paths(tmp_path):
+    for name, fault in (("npu", "forward"), ("bench", None)):
+        for rank in (0, 1):
+            dumps.write_dump(str(tmp_path / name), dumps.mlp_apis(fault=fault if rank == 1 else None,
+                                                                  fault_scale=0.5), rank=rank)
+    res = run("compare", str(tmp_path / "npu"), str(tmp_path / "bench"), "-o", str(tmp_path / "out"),
+              "--distributed", "--rule", "dtype")
+    assert res.returncode == 1, res.stderr
+    assert "rank1" in res.stdout
+    csvs = sorted(f for f in os.listdir(tmp_path / "out") if f.endswith(".csv"))
+    assert [c.split("_")[2] for c in csvs] == ["rank0-rank0", "rank1-rank1"]
+
+
+def test_step_folder_names_the_steps_when_ambiguous(tmp_path):
+    dumps.write_dump(str(tmp_path / "d"), dumps.mlp_apis(), step=0)
+    dumps.write_dump(str(tmp_path / "d"), dumps.mlp_apis(), step=1)
+    with pytest.raises(ValueError, match="step0, step1"):
+        cli.step_folder(str(tmp_path / "d"))
+    assert cli.step_folder(str(records.step_dir(str(tmp_path / "d"), 1))).endswith("step1")

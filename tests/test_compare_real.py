@@ -63,3 +63,42 @@ def test_changed_weights_are_seen_as_inputs_that_differ(real, tmp_path):
 def test_parse_real_dump(real, capsys):
     found = parse(real["a"], "Functional_linear_0_forward")
     assert found and "example_models" in capsys.readouterr().out
+
+
+def _gpt_dump(path):
+    from example_models import tiny_gpt
+
+    torch.manual_seed(0)
+    model, batch = tiny_gpt(seed=0, batch_size=2, seq_len=8)
+    dbg = PrecisionDebugger(dump_path=str(path), hook_name="dump", step=[0])
+    dbg.configure_hook(mode="api_stack")
+    torch.manual_seed(0)  # same dropout masks
+    dbg.start()
+    train_step(model, batch)
+    dbg.stop()
+    dbg.step()
+    return str(path)
+
+
+def test_python_scalars_are_compared_from_their_value_without_problems(tmp_path):
+    """tiny GPT: arange(T), scale factors, dims... are Python numbers, never saved as files."""
+    import os
+
+    a, b = _gpt_dump(tmp_path / "a"), _gpt_dump(tmp_path / "b")
+    r = compare({"npu_pkl_path": a, "bench_pkl_path": b, "is_print_compare_log": False}, str(tmp_path / "o"))
+    assert not r.summary_compare and r.passed and r.problems == []
+    t = r.table
+    scalars = t[t["NPU Tensor Dtype"].isin(["int", "float"])]
+    assert len(scalars) > 20 and (scalars["Accuracy Reached or Not"] != "No").all()
+    assert (scalars["Accuracy Reached or Not"] == "Yes").sum() > 20   # -inf fill values: nothing finite
+    assert not scalars["Err_message"].str.contains("not found").any()
+    # a tensor whose file is missing is still reported, 0-d or not
+    d = reader.read_dump(a)
+    zero_d = next(t for x in d.apis for t in x.tensors if t.shape == () and t.dtype.startswith("torch.") and t.data_file)
+    big = next(t for x in d.apis for t in x.tensors if len(t.shape) == 2 and t.data_file)
+    for t in (zero_d, big):
+        os.remove(t.data_file)
+    r = compare({"npu_pkl_path": a, "bench_pkl_path": b, "is_print_compare_log": False}, str(tmp_path / "o2"),
+                replay_check=False)
+    assert len(r.problems) == 2 and all("not found" in p for p in r.problems)
+    assert {zero_d.name, big.name} == {n for n in r.table["NPU Name"] if any(n + ".npy" in p for p in r.problems)}

@@ -96,7 +96,7 @@ def test_pass_summary_json_and_junitxml(tester):
     res.assert_outcomes(passed=2)
     res.stdout.fnmatch_lines(["*ptdbg precision summary*",
                               "PASS  test_a.py::test_forward_backward*first suspect: none*",
-                              "*ptdbg: 2 passed; artifacts in*"])
+                              "*ptdbg: 2 comparison(s): 2 passed; artifacts in*"])
     doc = _summary(str(dump))
     assert doc["counts"] == {"passed": 2}
     assert {t["nodeid"] for t in doc["tests"]} == {"test_a.py::test_forward_backward",

@@ -146,3 +146,48 @@ def test_msprobe_pt_tensors_load_with_weights_only(tmp_path):
     torch.save({"not": "a tensor"}, tmp_path / "y.pt")
     with pytest.raises(ValueError, match="y.pt.*'y'"):
         load_pt(str(tmp_path / "y.pt"), "y")
+
+
+def test_ptdbg_dump_without_extra_expects_files_for_tensors_only(tmp_path):
+    """ptdbg's own records have no ``extra``: a Python number needs no file, a tensor does."""
+    rank = tmp_path / "rank0"
+    (rank / "api_stack_dump").mkdir(parents=True)
+    recs = [
+        ["Torch_arange_0_forward_input.0", 0, [], "<class 'int'>", [], [8, 8, 8, 8]],
+        ["Torch_mul_0_forward_input.1", 0, [], "float", [], [0.5, 0.5, 0.5, 0.5]],
+        ["Torch_mul_0_forward_input.0", 0, [], "torch.float32", [], [2.0, 2.0, 2.0, 2.0]],
+        ["Torch_mul_0_forward_output.0", 0, [], "torch.float32", [2], [1.0, 1.0, 1.0, 1.4]],
+    ]
+    (rank / "api_stack_dump.pkl").write_text("".join(records.encode_line(r) for r in recs))
+    np.save(rank / "api_stack_dump" / "Torch_mul_0_forward_input.1.npy", np.array(0.5))  # used when there
+    d = reader.read_dump(str(rank))
+    by = {t.name: t for a in d.apis for t in a.tensors}
+    assert by["Torch_arange_0_forward_input.0"].data_file is None
+    assert by["Torch_arange_0_forward_input.0"].data_problem == ""
+    assert by["Torch_mul_0_forward_input.1"].data_file.endswith("Torch_mul_0_forward_input.1.npy")
+    for name in ("Torch_mul_0_forward_input.0", "Torch_mul_0_forward_output.0"):
+        assert by[name].data_file is None and "not found" in by[name].data_problem and name in by[name].data_problem
+
+
+def test_symlinks_are_followed_inside_the_data_dir_only(tmp_path):
+    """Decision: a symbolic link in the data dir is read when its target resolves inside the data
+    dir (e.g. a deduplicated copy), refused - with a problem naming the record - when it leads out."""
+    rank = tmp_path / "rank0"
+    ddir = rank / "api_stack_dump"
+    (ddir / "sub").mkdir(parents=True)
+    arr = np.arange(2, dtype=np.float32)
+    np.save(ddir / "sub" / "real.npy", arr)
+    np.save(tmp_path / "outside.npy", arr)
+    os.symlink(ddir / "sub" / "real.npy", ddir / "Torch_relu_0_forward_input.0.npy")
+    os.symlink(tmp_path / "outside.npy", ddir / "Torch_relu_0_forward_output.0.npy")
+    os.symlink("sub/../../../outside.npy", ddir / "Torch_relu_1_forward_output.0.npy")
+    recs = [records.tensor_record(f"Torch_relu_{k}_forward_{io}.0", "torch.float32", [2], [1, 0, 0.5, 1],
+                                  {"npy": f"Torch_relu_{k}_forward_{io}.0.npy"})
+            for k, io in ((0, "input"), (0, "output"), (1, "output"))]
+    (rank / "api_stack_dump.pkl").write_text("".join(records.encode_line(r) for r in recs))
+    d = reader.read_dump(str(rank))
+    inside, out0, out1 = [t for a in d.apis for t in a.tensors]
+    assert inside.data_file and load_npy(inside.data_file, inside.name, (2,)).tolist() == [0, 1]
+    assert out0.data_file is None and out1.data_file is None
+    assert len(d.problems) == 2 and all("symbolic link" in p and "outside" in p for p in d.problems)
+    assert any(out0.name in p for p in d.problems) and any(out1.name in p for p in d.problems)

@@ -91,6 +91,8 @@ class Suspect:
     #: discontinuous op where a few elements flip on tiny input differences); inherited:
     #: "negligible" (fails the rule with an error at noise level)
     role: str = ""
+    #: the replay check's verdict ("own", "inherited", "unknown"; "" when not re-run)
+    replay: str = ""
 
     @property
     def growth_text(self) -> str:
@@ -130,6 +132,8 @@ class Advice:
     n_unpaired: int = 0
     #: root-cause calls found (nonfinite, own, unpaired) before ``top`` cut the list
     n_root_causes: int = 0
+    #: the replay check's verdicts (``advise.replay_check.ReplayVerdict``), when it ran
+    replay: List[Any] = field(default_factory=list)
 
     @property
     def first(self) -> Optional[Suspect]:
@@ -180,6 +184,10 @@ class Advice:
             more = self.n_inherited - len(inh)
             if more > 0:
                 lines.append(f"  ... and {more} more")
+        if self.replay:
+            from pytest_ptdbg.advise.replay_check import replay_section
+
+            lines += ["", replay_section(self.replay).rstrip("\n")]
         lines += ["", PASS_FRACTION_NOTE]
         return "\n".join(lines) + "\n"
 
@@ -192,12 +200,15 @@ class Advice:
             "n_root_causes": self.n_root_causes,
             "first": self.first.api if self.first else None,
             "suspects": [s.to_dict() for s in self.suspects],
+            "replay": [v.to_dict() for v in self.replay],
         }
 
 
 def _suspect_lines(i: int, s: Suspect) -> List[str]:
     kind = {"own": "own error", "nonfinite": "NaN/Inf appears here",
             "unpaired": f"only on the {s.side or 'one'} side"}.get(s.kind, s.kind)
+    if s.replay in ("own", "inherited"):
+        kind += {"own": ", confirmed by replay", "inherited": ", accurate on replay"}[s.replay]
     kind += {"amplifier": ", amplifies an earlier error",
              "sensitive": ", a few elements flip on tiny input differences",
              "latent": ", passes its own verdict but causes a later failure",

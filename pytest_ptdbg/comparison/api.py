@@ -84,7 +84,7 @@ def _load(input_param: Dict[str, Any], side: str, problems: List[str]) -> reader
 def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = False,
             auto_analyze: bool = True, fuzzy_match: bool = False, rule: str = "ptdbg",
             thresholds: Optional[V.Thresholds] = None, summary_compare: Optional[bool] = None,
-            _tag: str = "") -> CompareResult:
+            replay_check: bool = True, replay_device: str = "cpu", _tag: str = "") -> CompareResult:
     """Compare an NPU dump with a bench dump (ptdbg's ``compare``), write the reports, return them.
 
     Writes ``compare_result_{ts}.csv``, ``advisor_{ts}.txt`` (when ``auto_analyze``; the advice is
@@ -93,6 +93,11 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
     ``"dtype"`` (assert_close tolerances of the lower-precision side; see ``compare/verdict.py``).
     ``summary_compare``: force (True) or forbid (False) a statistics-only compare; default: when
     a side has no saved tensors. Problems with the input are listed in ``problems`` and the CSV.
+
+    ``replay_check`` (full compare of dumps with saved tensors only): the top 3 root-cause
+    suspects are re-run alone on ``replay_device`` from the NPU's own inputs, to tell an API that
+    is imprecise by itself from one that only amplifies an upstream difference (see
+    ``advise/replay_merge.py``); this imports torch. The statistics-only compare never does.
     """
     log = bool(input_param.get("is_print_compare_log", True))
     say = (lambda msg: print(f"[ptdbg compare] {msg}", flush=True)) if log else (lambda msg: None)
@@ -122,11 +127,13 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
                         rule=rule, thresholds=thresholds, problems=problems,
                         progress=say if log else None)
     say(f"{len(table)} rows in {time.perf_counter() - t0:.2f} s")
-    return _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, _tag)
+    replay = (npu, bench, replay_device) if replay_check and not summary and npu.has_data and bench.has_data \
+        else None
+    return _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, _tag, replay)
 
 
 def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyze: bool,
-            problems: List[str], summary: bool, say, tag: str) -> CompareResult:
+            problems: List[str], summary: bool, say, tag: str, replay=None) -> CompareResult:
     from pytest_ptdbg.advise.advisor import advise
     from pytest_ptdbg.report.advisor_text import write_advisor
     from pytest_ptdbg.report.csv_report import write_csv
@@ -137,6 +144,11 @@ def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyz
     stem = f"{tag}_{ts}" if tag else ts
     csv_path = write_csv(table, os.path.join(output_path, f"compare_result_{stem}.csv"), stack_mode)
     advice = advise(table)
+    if replay is not None:
+        from pytest_ptdbg.advise.replay_merge import run_replay_check
+
+        npu, bench, device = replay
+        run_replay_check(advice, npu, bench, bench_device=device, problems=problems, say=say)
     advisor_path = None
     if auto_analyze:
         advisor_path = write_advisor(advice, os.path.join(output_path, f"advisor_{stem}.txt"))

@@ -157,6 +157,10 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
                 jobs.append((len(rows), nt, bt, tol))
             elif _is_scalar(nt) and _is_scalar(bt):
                 _scalar_row(r, nt, bt, rule, th)
+                why = nt.data_problem or bt.data_problem   # a 0-d tensor whose file is missing
+                if why:
+                    r["Err_message"] = "; ".join(m for m in (r["Err_message"], f"compared from statistics: {why}") if m)
+                    problems.append(why)
             else:
                 why = nt.data_problem or bt.data_problem or "no data file saved for this tensor"
                 r["Err_message"] = f"no data to compare (Nan): {why}"

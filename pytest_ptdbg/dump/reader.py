@@ -180,6 +180,7 @@ class _Builder:
         self.problems = problems
         self.data_dir = data_dir
         self.files = None
+        self._root: Optional[str] = None   # realpath of data_dir, resolved once (for symlinks)
         if data_dir is not None:
             if os.path.isdir(data_dir):
                 try:
@@ -198,27 +199,37 @@ class _Builder:
                                         parsed.direction, len(self.apis))
         return a
 
-    def resolve(self, t: TensorRec, file_name: Optional[str]) -> None:
+    def resolve(self, t: TensorRec, file_name: Optional[str], expected: bool = True) -> None:
+        """Set ``t.data_file`` to the record's data file inside the data directory.
+
+        Names are checked as plain strings (one path component, no ``..``) against one listing of
+        the folder: a regular file listed there cannot be anywhere else. A symbolic link is
+        followed only when its target resolves inside the data directory (its realpath is
+        computed once); one pointing outside is refused (ValueError naming the record).
+        ``expected=False``: no file is expected (a Python scalar of a dump without ``extra``):
+        a missing one is no problem.
+        """
         if self.files is None:
             return
-        fname = file_name or records.data_file_name(t.name)
-        if os.path.basename(fname) != fname:
+        fname = file_name if file_name is not None else records.data_file_name(t.name)
+        if (not fname or fname in (".", "..") or "/" in fname or "\\" in fname or "\x00" in fname
+                or os.sep in fname):
             raise ValueError(f"data file name {fname!r} of record {t.name!r} points outside the data directory")
         entry = self.files.get(fname)
         if entry is None:
-            t.data_problem = f"{os.path.join(self.data_dir, fname)}: data file of {t.name!r} not found"
+            if expected:
+                t.data_problem = f"{os.path.join(self.data_dir, fname)}: data file of {t.name!r} not found"
             return
         t.data_inode = entry[0]
-        if not entry[1] and fname not in (".", "..") and "/" not in fname and "\\" not in fname:
-            t.data_file = os.path.join(self.data_dir, fname)  # a plain file listed in the folder itself
-        elif fname.endswith(".npy"):
-            t.data_file = records.safe_data_path(self.data_dir, fname[:-4])  # symlink: resolve, check
-        else:
-            path = os.path.join(self.data_dir, fname)
-            root = os.path.realpath(self.data_dir)
-            if os.path.commonpath([root, os.path.realpath(path)]) != root:
-                raise ValueError(f"data file of record {t.name!r} points outside {self.data_dir!r}")
-            t.data_file = path
+        path = os.path.join(self.data_dir, fname)
+        if entry[1]:  # a symbolic link: only when it stays inside the data directory
+            if self._root is None:
+                self._root = os.path.realpath(self.data_dir)
+            target = os.path.realpath(path)
+            if os.path.commonpath([self._root, target]) != self._root:
+                raise ValueError(f"data file {fname!r} of record {t.name!r} is a symbolic link to "
+                                 f"{target!r}, outside the data directory {self.data_dir!r}: not read")
+        t.data_file = path
 
     def done(self, layout: str, mode: str) -> Dump:
         apis = list(self.apis.values())
@@ -302,8 +313,11 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
     npy = extra.get("npy")
     if extra and not isinstance(npy, str):
         return  # written by this project: no "npy" means the tensor was not saved (scalar, filtered)
+    # a dump without extra (ptdbg's own): a 0-d record of a Python number ("int", "float",
+    # "<class 'int'>") may have no file; a tensor's missing file is a problem
+    expected = bool(extra) or bool(shape) or dtype.startswith("torch.")
     try:
-        b.resolve(t, npy)
+        b.resolve(t, npy, expected)
     except ValueError as e:
         t.data_problem = str(e)
         b.problems.append(f"{b.source}:{lineno}: {e}")

@@ -155,9 +155,38 @@ def _suspect_card(rank: int, s: Suspect) -> str:
           f"<pre>{escape(stack)}</pre></details>") if stack else ""
     return (f'<div class="card {s.kind} {s.role}"><h3>#{rank} {escape(s.api)}'
             f'<span class="badge b-{s.role or s.kind}">{escape(kind_label)}</span>'
-            f'<span class="badge b-dir">{escape(s.direction)}</span>'
+            f'{_replay_badge(s)}<span class="badge b-dir">{escape(s.direction)}</span>'
             f'<span class="badge b-cat">{escape(s.category)}</span></h3>'
             f'<dl class="facts">{dl}</dl><div class="advice">{escape(s.advice)}</div>{st}</div>')
+
+
+def _replay_badge(s: Suspect) -> str:
+    label = {"own": "replay: own error", "inherited": "replay: inherited",
+             "unknown": "replay: not re-run"}.get(getattr(s, "replay", ""), "")
+    cls = {"own": "b-own", "inherited": "b-inherited"}.get(s.replay, "b-sensitive")
+    return f'<span class="badge {cls}">{escape(label)}</span>' if label else ""
+
+
+def _replay_html(advice: Advice) -> str:
+    """The replay check's verdicts (empty when it did not run)."""
+    verdicts = getattr(advice, "replay", None) or []
+    if not verdicts:
+        return ""
+    rows = []
+    for v in verdicts:
+        cells = [f'<td class="name">{escape(v.api)}</td>', f"<td>{escape(v.verdict)}</td>",
+                 f'<td class="num">{escape(at.fmt_err(v.own_error))}</td>',
+                 f'<td class="num">{escape(at.fmt_err(v.observed_error))}</td>',
+                 f'<td class="num">{escape(at.fmt_err(v.oracle_error))}</td>',
+                 f"<td>{escape(v.reason)}</td>"]
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return ("<h2>Replay check</h2><p class=\"muted\">Each suspect re-run alone on the bench device "
+            "from the device-under-test's own inputs: an API whose result still differs is imprecise "
+            "by itself; one the re-run reproduces only passes on (or amplifies) a difference of its "
+            "inputs.</p>"
+            '<table class="rows"><thead><tr><th>API</th><th>verdict</th><th>error on identical inputs</th>'
+            "<th>error between the runs</th><th>vs float64 oracle</th><th>why</th></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>")
 
 
 def _inherited_row(s: Suspect) -> str:
@@ -256,6 +285,7 @@ def render_html(table: pd.DataFrame, advice: Advice, title: str = "pytest-ptdbg 
 <h1>{escape(title)}</h1><div class="small muted">generated {now} by pytest-ptdbg</div>{src}
 {banner}<div class="chips">{chips}</div>
 <h2>Suspects, most likely root cause first</h2>{cards}
+{_replay_html(advice)}
 <h2>Where the two runs part</h2>
 <p class="muted small">Each point is one API call, in execution order; the value is the largest error
 among its outputs (1 &minus; cosine and relative L2 error, log scale). Red rings fail the verdict,
