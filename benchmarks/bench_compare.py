@@ -22,6 +22,14 @@ held whole); statistics-only ``ptdbg compare --summary`` 0.56-0.9 s including st
 in-memory kernel alone runs at ~2.7 GB/s per thread; a second worker thread only helps when the
 second core is idle. Before slicing dot products below OpenBLAS's threading threshold, the same
 compare took 21 s (OpenBLAS threads fighting for the 2 busy cores).
+
+Re-measured 2026-11-29 13:30 after the reader change (record names checked as strings against one
+``os.scandir`` listing of the data dir; ``realpath`` only for symbolic links, the data dir's once):
+compare() 1.20 s = 1.16 GB/s before, 1.33 s = 1.04 GB/s after (2 workers; 1 worker 0.94 -> 0.98
+GB/s), i.e. unchanged within the machine's noise: reading both record files takes ~72 ms with
+the old and the new resolver alike. Resolving every record with ``records.safe_data_path``
+(two ``realpath`` calls each, as an earlier reader did) costs ~85 ms per side of this dump.
+The replay check does not run here (the noise-only pair has no root-cause suspect).
 """
 from __future__ import annotations
 
@@ -121,11 +129,18 @@ def measure(d: str, reps: int, workers: int, trace: bool) -> dict:
         t = time.perf_counter()
         table.build_table(n2, b2)
         kern.append(time.perf_counter() - t)
+    reads = []
+    for _ in range(max(reps, 5)):
+        t = time.perf_counter()
+        reader.read_dump(os.path.join(d, "npu"))
+        reader.read_dump(os.path.join(d, "bench"))
+        reads.append(time.perf_counter() - t)
     peak_rss = _hwm_kb()
     res = {"workers": workers, "input_bytes": in_bytes, "largest_pair_bytes": largest,
            "distinct_bytes": sum(distinct.values()), "peak_rss_mb": peak_rss / 1024,
            "base_rss_mb": base_rss / 1024,
            "rows": len(r.table), "compare_s": statistics.median(full), "table_s": statistics.median(kern),
+           "read_s": statistics.median(reads),
            "rss_growth_mb": (peak_rss - base_rss) / 1024, "passed": r.passed}
     if trace:
         import tracemalloc
@@ -184,6 +199,8 @@ def main() -> None:
         print(f"workers={r['workers']}: compare() {r['compare_s']:.2f} s = {gb / r['compare_s']:.2f} GB/s; "
               f"build_table {r['table_s']:.2f} s = {gb / r['table_s']:.2f} GB/s; "
               f"peak RSS {r['base_rss_mb']:.0f} MiB after imports, {r['peak_rss_mb']:.0f} MiB at the end")
+    print(f"reading both record files (names checked against one listing of each data dir): "
+          f"{rows[0]['read_s'] * 1000:.0f} ms")
     print(f"2 vs 1 worker speed-up (compare()): {rows[1]['compare_s'] / rows[0]['compare_s']:.2f}x")
     print(f"tracemalloc peak during build_table: {rows[0]['tracemalloc_peak_mb']:.1f} MiB")
     print(f"statistics-only CLI (ptdbg compare --summary, incl. start-up): {cli_summary(a.dir, 5):.2f} s")

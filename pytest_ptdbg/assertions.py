@@ -87,20 +87,18 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
     from pytest_ptdbg.plugin_compat import advise_table
 
     cmp = getattr(result, "compare_result", result)
-    base = settings or getattr(result, "settings", None) or Settings()
-    s = per_test(base, overrides, "assert_precision(...)") if overrides else base
     table = cmp.table
     advice = cmp.advice
     used = getattr(result, "settings", None)
-    rejudge = (used is None and (s.rule != "ptdbg" or s.thresholds)) or (
-        used is not None and (used.rule != s.rule or dict(used.thresholds) != dict(s.thresholds)))
+    if used is None:  # a plain CompareResult: the rule its table was judged by, default thresholds
+        used = Settings(rule=str(getattr(table, "attrs", {}).get("rule", "ptdbg")))
+    base = settings or used
+    s = per_test(base, overrides, "assert_precision(...)") if overrides else base
+    rejudge = used.rule != s.rule or dict(used.thresholds) != dict(s.thresholds)
     if rejudge:
         redo = getattr(result, "recompare", None)
-        if redo is None:
-            raise TypeError("assert_precision(CompareResult, ...): give the rule and thresholds to "
-                            "compare(..., rule=, thresholds=); here only ignore/only/"
-                            "ignore_optimizer apply")
-        cmp = redo(s)
+        # the fixture's result: compare() again, element by element; else from the table
+        cmp = redo(s) if redo is not None else _rejudge(cmp, s)
         table, advice = cmp.table, cmp.advice
     ignored = _ignored_mask(table, s)
     if rejudge or ignored.any():
@@ -109,7 +107,7 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
             table.loc[ignored, "_passed"] = True
             if "Accuracy Reached or Not" in table.columns:
                 table.loc[ignored, "Accuracy Reached or Not"] = ""
-        advice = advise_table(table)
+        advice = advise_table(table, advice)
     passed_col = table["_passed"].astype(bool).to_numpy() if len(table) else np.ones(0, bool)
     failing = ~passed_col
     worst = _worst(table, ~ignored)
@@ -118,6 +116,33 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
                       compare_result=cmp,
                       n_failed=int(failing.sum()), n_ignored=int(ignored.sum()), worst=worst,
                       needed=needed, problems=list(getattr(cmp, "problems", []) or []))
+
+
+def _rejudge(cmp: Any, s: Settings) -> Any:
+    """A plain ``CompareResult`` judged again under ``s``: from its table (``plugin_rejudge``), or,
+    for rows the table cannot decide, by ``compare()`` again when the result records its
+    ``input_param``. Returns the ``CompareResult`` whose table holds the new verdicts."""
+    import dataclasses
+    import os
+
+    from pytest_ptdbg.plugin_compat import call_compare, to_thresholds
+    from pytest_ptdbg.plugin_rejudge import rejudge_table
+
+    table, undecided = rejudge_table(cmp.table, s.rule, to_thresholds(s))
+    if not undecided:
+        return dataclasses.replace(cmp, table=table, passed=bool(table["_passed"].all()))
+    params = getattr(cmp, "input_param", None)
+    if params:
+        out = os.path.join(os.path.dirname(cmp.csv_path), f"rejudged-{s.rule}")
+        return call_compare(dict(params, is_print_compare_log=False), out, s)
+    names = ", ".join(undecided[:5]) + (f" and {len(undecided) - 5} more"
+                                        if len(undecided) > 5 else "")
+    raise ValueError(
+        f"assert_precision(CompareResult, rule={s.rule!r}, ...): {len(undecided)} row(s) "
+        f"cannot be judged from the compare table ({names}): under the dtype rule their "
+        "element-wise errors lie between the bounds the table keeps. Give the rule and "
+        "thresholds to compare(..., rule=, thresholds=) instead, or assert on ptdbg_dump's "
+        "result (which compares again).")
 
 
 def _worst(table: Any, considered: Any) -> Optional[Dict[str, Any]]:

@@ -60,6 +60,8 @@ def add_compare_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--stack", action="store_true", help="add NPU_Stack_Info to the CSV (stack_mode)")
     p.add_argument("--distributed", action="store_true",
                    help="NPU and bench are step folders of rank<N> folders: compare rank by rank")
+    p.add_argument("--no-replay", action="store_true",
+                   help="do not re-run the top suspects from the saved inputs (full compare only)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the result line")
     p.set_defaults(func=run_compare)
     return p
@@ -89,7 +91,8 @@ def step_folder(path: str) -> str:
 def run_compare(args: argparse.Namespace) -> int:
     from pytest_ptdbg.comparison.api import compare, compare_distributed
 
-    kw = dict(stack_mode=args.stack, fuzzy_match=args.fuzzy, rule=args.rule)
+    kw = dict(stack_mode=args.stack, fuzzy_match=args.fuzzy, rule=args.rule,
+              replay_check=not args.no_replay)
     try:
         if args.distributed:
             if args.summary:

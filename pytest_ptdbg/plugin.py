@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional, Set
 import pytest
 
 from pytest_ptdbg import plugin_options
-from pytest_ptdbg.plugin_golden import stale_goldens
+from pytest_ptdbg.plugin_golden import partial_files, stale_goldens
 from pytest_ptdbg.plugin_summary import REPORT_ATTR, SessionSummary
 
 #: marker file in each test's artifact folder; the session start clears only folders holding it
@@ -37,7 +37,10 @@ class PtdbgState:
         self.run_dir = run_dir
         self.worker_id: Optional[str] = (getattr(config, "workerinput", None) or {}).get("workerid")
         self.summary = SessionSummary(dump_root, settings.golden, run_dir)
+        #: node ids the collectors found (selected or not); under xdist, sent by every worker
         self.known_ids: Set[str] = set()
+        #: False when some worker did not send its ids (crashed): stale goldens are not judged
+        self.ids_complete = True
         self.basetemp_ready = False
 
     @property
@@ -51,6 +54,8 @@ class PtdbgState:
 
 STATE = pytest.StashKey[PtdbgState]()
 CALL_REPORT = pytest.StashKey[Dict[str, Any]]()
+#: key of a worker's known node ids in xdist's ``workeroutput``
+KNOWN_IDS_KEY = "ptdbg_known_ids"
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -151,8 +156,26 @@ class _SessionHooks:
     def pytest_xdist_node_collection_finished(self, node: Any, ids: Any) -> None:
         self.state.known_ids.update(ids)
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist controller: a worker's known ids (deselected ones included) arrive here."""
+        ids = (getattr(node, "workeroutput", None) or {}).get(KNOWN_IDS_KEY)
+        if ids is None:
+            self.state.ids_complete = False
+        else:
+            self.state.known_ids.update(ids)
+
+    def pytest_collectreport(self, report: Any) -> None:
+        # every test a collector found, before any -k/-m/`::` selection or plugin filtering
+        if report.passed:
+            self.state.known_ids.update(x.nodeid for x in report.result
+                                        if isinstance(x, pytest.Item))
+
     def pytest_collection_finish(self, session: Any) -> None:
-        self.state.known_ids.update(item.nodeid for item in session.items)
+        state = self.state
+        state.known_ids.update(item.nodeid for item in session.items)
+        if state.is_worker:
+            state.config.workeroutput[KNOWN_IDS_KEY] = sorted(state.known_ids)
 
     def pytest_deselected(self, items: Any) -> None:
         self.state.known_ids.update(item.nodeid for item in items)
@@ -176,9 +199,13 @@ class _SessionHooks:
         state = self.state
         if state.is_worker:
             return
-        if state.settings.golden:
+        config = session.config
+        # --lf drops tests of a file silently: then no file is known to be collected whole
+        if state.settings.golden and state.ids_complete and not config.getoption("lf", False):
+            partial = partial_files(config.args, str(config.invocation_params.dir),
+                                    str(config.rootpath))
             state.summary.stale = stale_goldens(state.settings.golden, state.known_ids,
-                                                str(session.config.rootpath))
+                                                str(config.rootpath), partial)
         state.summary.write_json()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -51,8 +51,15 @@ def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> An
                    rule=settings.rule, thresholds=to_thresholds(settings))
 
 
-def advise_table(table: Any) -> Any:
-    """The advisor's findings for a (filtered or re-judged) table."""
+def advise_table(table: Any, previous: Any = None) -> Any:
+    """The advisor's findings for a (filtered or re-judged) table; the replay check's verdicts of
+    ``previous`` (the compare's own advice) are carried over to the suspects they concern."""
     from pytest_ptdbg.advise.advisor import advise
 
-    return advise(table)
+    advice = advise(table)
+    verdicts = getattr(previous, "replay", None)
+    if verdicts:
+        from pytest_ptdbg.advise.replay_merge import apply_replay
+
+        apply_replay(advice, verdicts)
+    return advice

@@ -194,12 +194,14 @@ class PtdbgDump:
                     golden.strip_stacks(staging)
                     golden.commit(staging, gpath, {
                         "nodeid": nodeid, "call": call, "bench": str(bench_device),
-                        "full": settings.golden_full, "seed": settings.seed})
+                        "full": settings.golden_full, "seed": settings.seed,
+                        "mode": settings.mode})
                 finally:
                     golden.remove_tree(staging)
             if gpath:
                 meta = golden.read_meta(gpath)
-                bench = locate_dump(gpath, summary_only=not meta.get("full", False))
+                bench = locate_dump(gpath, summary_only=not meta.get("full", False),
+                                    mode=meta.get("mode", "api_stack"))
                 bench_label = f"golden ({meta.get('bench', '?')})"
             else:
                 bench = run_model(model, inputs, step, device=bench_device, dtype="float32",

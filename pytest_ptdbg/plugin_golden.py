@@ -3,10 +3,11 @@
 Layout::
 
     {golden}/{test file path}/{test name}[__call{n}]/golden.json
-    {golden}/{test file path}/{test name}[__call{n}]/ptdbg_dump_v4.0/step0/rank0/api_stack_dump.pkl
+    {golden}/{test file path}/{test name}[__call{n}]/ptdbg_dump_v4.0/step0/rank0/{mode}_dump.pkl
 
 ``golden.json`` records the node id (authoritative: directory names are sanitised), the call
-index within the test, the device/dtype it was recorded on and whether it holds full tensors.
+index within the test, the device it was recorded on, its dump mode and whether it holds full
+tensors.
 No torch here.
 """
 from __future__ import annotations
@@ -135,14 +136,19 @@ def iter_goldens(root: str) -> Iterable[Dict[str, Any]]:
             yield meta
 
 
-def stale_goldens(root: str, known_ids: Set[str], rootdir: str) -> List[Dict[str, Any]]:
+def stale_goldens(root: str, known_ids: Set[str], rootdir: str,
+                  partial: Iterable[str] = ()) -> List[Dict[str, Any]]:
     """Goldens whose test no longer exists.
 
-    A golden is stale when its node id was not collected in this session and either its test
-    file no longer exists, or that file was collected (so the test left it). Goldens of files
-    that were not part of this session are not judged.
+    ``known_ids``: every test node id the session's collectors found (selected or deselected).
+    ``partial``: test files (rootdir-relative, ``/``-separated) of which only some node ids
+    were asked for (``file.py::test_a``): their other tests were never collected.
+
+    A golden is stale when its node id is not known and either its test file no longer exists, or
+    that file was collected whole (so the test left it). Goldens of files that were not part of
+    this session, or only partly, are not judged.
     """
-    files = {nid.partition("::")[0] for nid in known_ids}
+    files = {nid.partition("::")[0] for nid in known_ids} - {p.replace("\\", "/") for p in partial}
     stale = []
     for meta in iter_goldens(root):
         nodeid = meta["nodeid"]
@@ -152,6 +158,22 @@ def stale_goldens(root: str, known_ids: Set[str], rootdir: str) -> List[Dict[str
         if file_part in files or not os.path.exists(os.path.join(rootdir, file_part)):
             stale.append({"nodeid": nodeid, "path": meta["path"]})
     return sorted(stale, key=lambda m: m["nodeid"])
+
+
+def partial_files(args: Iterable[str], invocation_dir: str, rootdir: str) -> Set[str]:
+    """Test files that command-line ``args`` select only in part (``path::name``), as node id
+    file parts (relative to ``rootdir``)."""
+    out: Set[str] = set()
+    for arg in args:
+        path, sep, _ = str(arg).partition("::")
+        if not sep:
+            continue
+        full = os.path.abspath(os.path.join(invocation_dir, path))
+        try:
+            out.add(os.path.relpath(full, rootdir).replace(os.sep, "/"))
+        except ValueError:  # another drive than the rootdir: no node id of ours starts there
+            continue
+    return out
 
 
 def remove_tree(path: Optional[str]) -> None:

@@ -20,6 +20,9 @@ DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32",
 KEEP = ("failed", "all", "none")
 RULES = ("ptdbg", "dtype")
 RANDOM = ("cpu", "native")
+#: dump modes of ``PrecisionDebugger.configure_hook`` a test may ask for (``stack`` writes no
+#: tensors and ``acl`` needs an ACL config: neither gives two dumps to compare)
+MODES = ("api_stack", "all", "list", "range", "api_list")
 
 #: threshold name -> help. Names match ``compare.verdict.Thresholds`` (``rtol``/``atol`` set the
 #: dtype rule's tolerances for every float dtype).
@@ -57,11 +60,17 @@ class Settings:
     golden: Optional[str] = None
     update_golden: bool = False
     golden_full: bool = False
+    #: what is dumped on both sides: ``configure_hook(mode, scope, api_list, filter_switch)``
+    mode: str = "api_stack"
+    scope: Tuple[str, ...] = ()
+    api_list: Tuple[str, ...] = ()
+    filter_switch: str = "OFF"
 
 
 #: keys accepted by the marker and by ``ptdbg_dump(...)`` (thresholds are accepted by name too)
 PER_TEST_KEYS = ("device", "bench", "dtype", "rule", "thresholds", "keep", "summary_only", "seed",
-                 "deterministic", "random", "ignore", "only", "ignore_optimizer", "golden_full")
+                 "deterministic", "random", "ignore", "only", "ignore_optimizer", "golden_full",
+                 "mode", "scope", "api_list", "filter_switch")
 
 
 @dataclass(frozen=True)
@@ -185,7 +194,21 @@ def _validate(settings: Settings, where: str) -> Settings:
         if key not in THRESHOLDS:
             raise ValueError(f"{where}: unknown threshold {key!r}; allowed: "
                              f"{', '.join(THRESHOLDS)}")
+    _validate_mode(settings, where)
     return replace(settings, dtype=dtype)
+
+
+def _validate_mode(settings: Settings, where: str) -> None:
+    """The dump mode by the debugger's own rules (``config.validate_hook``; no torch there)."""
+    from pytest_ptdbg.config import DebugConfig, validate_hook
+
+    if settings.mode not in MODES:
+        raise ValueError(f"{where}: mode={settings.mode!r}; allowed: {', '.join(MODES)}")
+    try:
+        validate_hook(DebugConfig(), mode=settings.mode, scope=list(settings.scope),
+                      api_list=list(settings.api_list), filter_switch=settings.filter_switch)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def _resolve_path(value: Optional[str], base: str) -> Optional[str]:
@@ -255,8 +278,10 @@ def per_test(base: Settings, overrides: Mapping[str, Any], where: str) -> Settin
     for key, value in overrides.items():
         if value is None:
             continue
-        if key in ("ignore", "only"):
-            value = (value,) if isinstance(value, str) else tuple(value)
+        if key in ("ignore", "only", "scope", "api_list"):
+            value = tuple(value) if isinstance(value, (list, tuple, set)) else (value,)
+        elif key == "filter_switch":
+            value = ("ON" if value else "OFF") if isinstance(value, bool) else str(value).upper()
         elif key in ("summary_only", "deterministic", "ignore_optimizer", "golden_full"):
             value = _convert(key, "bool", value, where)
         elif key == "seed":
@@ -282,4 +307,6 @@ MARKER_HELP = ("ptdbg(**settings): per-test pytest-ptdbg settings, overriding th
                "ini: thresholds by name (cosine, max_abs, cosine_hard, max_abs_hard, summary_rel, "
                "rtol, atol, max_fail_fraction), rule, dtype, device, bench, "
                "ignore=[api substrings], only=[...], "
-               "ignore_optimizer, summary_only, seed, deterministic, random, keep, golden_full")
+               "ignore_optimizer, summary_only, seed, deterministic, random, keep, golden_full, "
+               "mode (api_stack, all, list, range, api_list), scope=[api names], "
+               "api_list=[api name parts], filter_switch (ON/OFF)")

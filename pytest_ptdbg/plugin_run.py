@@ -28,6 +28,7 @@ import torch
 from pytest_ptdbg.dump import records
 from pytest_ptdbg.plugin_options import Settings
 
+#: the dump mode when a test asks for none (``Settings.mode``)
 DUMP_MODE = "api_stack"
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -106,18 +107,19 @@ class SideRun:
     output: Any = None
 
 
-def locate_dump(dump_path: str, summary_only: bool) -> SideRun:
-    """The ``.pkl`` (and data dir) of step 0 under ``dump_path``; the lowest rank if several."""
+def locate_dump(dump_path: str, summary_only: bool, mode: str = DUMP_MODE) -> SideRun:
+    """The ``.pkl`` (and data dir) of step 0 under ``dump_path``, written in dump ``mode``; the
+    lowest rank if several."""
     step = records.step_dir(dump_path, 0)
     names = os.listdir(step) if os.path.isdir(step) else []  # no glob: test ids contain [ ]
     ranks = [os.path.join(step, n) for n in sorted(
         (n for n in names if n.startswith("rank") and n[4:].isdigit()), key=lambda n: int(n[4:]))]
-    pkl = os.path.join(ranks[0], records.pkl_name(DUMP_MODE)) if ranks else ""
+    pkl = os.path.join(ranks[0], records.pkl_name(mode)) if ranks else ""
     if not pkl or not os.path.isfile(pkl):
         raise FileNotFoundError(
-            f"no dump was written under {step} (expected rank*/{records.pkl_name(DUMP_MODE)}): "
-            "did the step call any PyTorch API?")
-    data = os.path.join(ranks[0], records.data_dir_name(DUMP_MODE))
+            f"no dump was written under {step} (expected rank*/{records.pkl_name(mode)}): "
+            "did the step call any PyTorch API (of those the dump mode selects)?")
+    data = os.path.join(ranks[0], records.data_dir_name(mode))
     return SideRun(dump_path, pkl, None if summary_only or not os.path.isdir(data) else data)
 
 
@@ -130,7 +132,9 @@ def run_side(fn: Callable[..., Any], args: tuple, *, device: Any, dtype: str, du
     if os.path.exists(dump_path):
         shutil.rmtree(dump_path)
     debugger = PrecisionDebugger(dump_path=dump_path, hook_name="dump", step=[0])
-    debugger.configure_hook(mode=DUMP_MODE, summary_only=summary_only)
+    debugger.configure_hook(mode=settings.mode, scope=list(settings.scope),
+                            api_list=list(settings.api_list),
+                            filter_switch=settings.filter_switch, summary_only=summary_only)
     amp = (torch.autocast(device.type, dtype=_TORCH_DTYPES[dtype])
            if dtype != "float32" else nullcontext())
     from pytest_ptdbg.plugin_random import CpuRandom
@@ -143,7 +147,7 @@ def run_side(fn: Callable[..., Any], args: tuple, *, device: Any, dtype: str, du
             output = fn(*args)
         finally:
             debugger.close()
-    side = locate_dump(dump_path, summary_only)
+    side = locate_dump(dump_path, summary_only, settings.mode)
     side.output = output
     return side
 

@@ -157,7 +157,11 @@ class SessionSummary:
         if expected:
             counts += (f" ({expected} of the failed in tests that passed: the test expects the"
                        " failure)")
-        tr.write_line(f"ptdbg: {len(self.entries)} comparison(s): {counts}; artifacts in {self.run_dir}")
+        if self.entries:
+            tr.write_line(f"ptdbg: {len(self.entries)} comparison(s): {counts}; artifacts in "
+                          f"{self.run_dir}")
+        else:
+            tr.write_line(f"ptdbg: no comparisons; {len(self.stale)} stale golden(s)")
         if self.json_path:
             tr.write_line(f"ptdbg: session summary {self.json_path}")
         if self.index_path:

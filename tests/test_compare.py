@@ -202,3 +202,17 @@ def test_msprobe_dumps(tmp_path):
     r = compare({"npu_pkl_path": t, "bench_pkl_path": t, "is_print_compare_log": False}, str(tmp_path / "c"))
     assert not r.summary_compare and r.passed and r.problems == []
     assert (r.table["Cosine"].dropna() > 1 - 1e-12).all() and r.table["Cosine"].notna().sum() > 20
+
+
+def test_two_compares_in_one_second_keep_both_outputs(tmp_path, monkeypatch):
+    from pytest_ptdbg.comparison import api
+
+    monkeypatch.setattr(api, "_timestamp", lambda: "20260101000000")
+    npu, bench = _pair(tmp_path, dumps.mlp_apis(noise=1e-6), dumps.mlp_apis())
+    first = compare(_param(npu, bench), str(tmp_path / "out"))
+    second = compare(_param(npu, bench, data=False), str(tmp_path / "out"))
+    assert first.csv_path != second.csv_path and os.path.isfile(first.csv_path)
+    assert first.html_path != second.html_path and first.advisor_path != second.advisor_path
+    assert os.path.basename(second.csv_path) == "compare_result_20260101000000_2.csv"
+    assert list(pd.read_csv(first.csv_path).columns) == CSV_FULL
+    assert list(pd.read_csv(second.csv_path).columns) == CSV_SUMMARY

@@ -84,6 +84,9 @@ def test_pass_summary_json_and_junitxml(tester):
             result = ptdbg_dump(model, batch)
             assert result.passed and result.first_suspect is None
             assert len(result.table) > 0 and result.csv_path.endswith(".csv")
+            # the default step ran backward too (the forward returns a scalar loss)
+            assert (result.table["_direction"] == "backward").any()
+            assert (result.table["_direction"] == "forward").any()
             result.assert_precision()
 
         def test_train_step_with_dropout(ptdbg_dump):
@@ -154,8 +157,12 @@ def test_failure_message_names_the_suspect_and_hides_internals(tester):
     assert entry["verdict"] == "failed" and entry["test_outcome"] == "failed"
     assert entry["first_suspect"]["api"] == "Tensor_mul_0_forward"
     assert entry["kept"] and os.path.isfile(entry["html"])  # failing tests keep their reports
-    res.stdout.fnmatch_lines(["FAIL  test_b.py::test_sign_flip*first suspect: Tensor_mul_0_forward*",
-                              "*report: *.html"])
+    worst = entry["worst"]  # the tensor with the largest error, and its metric
+    assert worst["tensor"] and worst["max_abs_err"] > 0.001
+    res.stdout.fnmatch_lines([
+        f"FAIL  test_b.py::test_sign_flip  worst: {worst['tensor']} *"
+        f"max_abs_err={worst['max_abs_err']:.4g} *first suspect: Tensor_mul_0_forward*",
+        "*report: *.html"])
 
 
 def test_missing_device_skips_with_reason(tester):
@@ -246,6 +253,72 @@ def test_golden_create_compare_missing_stale(tester):
     res.assert_outcomes(passed=1)
     res.stdout.fnmatch_lines(["*stale goldens*: 1", "*test_g.py::test_model*"])
     assert [s["nodeid"] for s in _summary(str(dump))["stale_goldens"]] == ["test_g.py::test_model"]
+
+
+TWO_GOLDEN_TESTS = """
+from netlib import make
+
+def test_a(ptdbg_dump):
+    model, batch = make()
+    ptdbg_dump(model, batch).assert_precision()
+
+def test_b(ptdbg_dump):
+    model, batch = make()
+    ptdbg_dump(model, batch, summary_only=True).assert_precision()
+"""
+
+
+def test_selected_node_ids_do_not_make_goldens_stale(tester):
+    golden = tester.path / "golden"
+    dump = tester.path / "dumps"
+    tester.makepyfile(test_two=TWO_GOLDEN_TESTS)
+    args = [f"--ptdbg-golden={golden}", f"--ptdbg-dump-dir={dump}"]
+    tester.runpytest(*args, "--ptdbg-update-golden").assert_outcomes(passed=2)
+    for select in (["test_two.py::test_a"], ["-k", "test_a"], ["--deselect", "test_two.py::test_b"]):
+        res = tester.runpytest(*args, *select)
+        res.assert_outcomes(passed=1, deselected=0 if select[0].startswith("test_") else 1)
+        assert "stale golden" not in res.stdout.str(), select
+        assert _summary(str(dump))["stale_goldens"] == [], select
+    # test_b leaves the file: the next run of the whole file (or under -k) reports its golden
+    tester.makepyfile(test_two=TWO_GOLDEN_TESTS.split("def test_b")[0])
+    for select in ([], ["-k", "test_a"]):
+        res = tester.runpytest(*args, *select)
+        res.assert_outcomes(passed=1)
+        res.stdout.fnmatch_lines(["*stale goldens*: 1", "*test_two.py::test_b*"])
+    # ...but not when only a node id of that file is asked for
+    res = tester.runpytest(*args, "test_two.py::test_a")
+    assert "stale golden" not in res.stdout.str()
+    # only stale goldens, no comparison: the summary line says so
+    res = tester.runpytest(*args, "-k", "nothing_matches")
+    res.stdout.fnmatch_lines(["*stale goldens*: 1", "ptdbg: no comparisons; 1 stale golden(s)"])
+    assert "0 comparison(s)" not in res.stdout.str()
+
+
+def test_marker_and_argument_choose_the_dump_mode(tester):
+    tester.makepyfile(test_mode="""
+        import pytest
+        from netlib import make
+
+        @pytest.mark.ptdbg(mode="api_list", api_list=["linear"])
+        def test_marker_api_list(ptdbg_dump):
+            model, batch = make()
+            table = ptdbg_dump(model, batch).table
+            assert len(table) and table["_api"].str.contains("linear").all()
+            assert (table["_direction"] == "backward").any()
+
+        def test_argument_list_scope(ptdbg_dump):
+            model, batch = make()
+            result = ptdbg_dump(model, batch, mode="list", scope=["Torch_tanh_0_forward"])
+            assert set(result.table["_api"]) == {"Torch_tanh_0_forward"}
+            assert "api_list_dump.pkl" not in result.npu.pkl_path
+
+        @pytest.mark.ptdbg(mode="api_list")
+        def test_api_list_needs_names(ptdbg_dump):
+            ptdbg_dump(*make())
+    """)
+    res = tester.runpytest("--strict-markers", f"--ptdbg-dump-dir={tester.path / 'd'}")
+    res.assert_outcomes(passed=2, failed=1)
+    res.stdout.fnmatch_lines(["*@pytest.mark.ptdbg on *test_api_list_needs_names*api_list=[]*"])
 
 
 def test_precedence_argument_marker_ini_default(tester):

@@ -1,4 +1,8 @@
-"""assert_precision / evaluate on a plain CompareResult (outside the fixture), on real dumps."""
+"""assert_precision / evaluate on a plain CompareResult (outside the fixture), on real dumps:
+thresholds and rules given to the helper judge the table again (``plugin_rejudge``)."""
+import math
+
+import pandas as pd
 import pytest
 import torch
 
@@ -7,6 +11,7 @@ from pytest_ptdbg import PrecisionError, assert_precision, compare
 from pytest_ptdbg.assertions import evaluate
 from pytest_ptdbg.plugin_compat import to_thresholds
 from pytest_ptdbg.plugin_options import Settings
+from pytest_ptdbg.plugin_rejudge import rejudge_table
 from pytest_ptdbg.plugin_run import preserved_rng, run_model
 
 
@@ -15,21 +20,38 @@ def _flip_second_layer(model, batch):
     return em.train_step(model, batch)
 
 
+def _params(npu, bench):
+    return {"npu_pkl_path": npu.pkl_path, "bench_pkl_path": bench.pkl_path,
+            "npu_dump_data_dir": npu.data_dir, "bench_dump_data_dir": bench.data_dir,
+            "is_print_compare_log": False}
+
+
 @pytest.fixture(scope="module")
-def dumps(tmp_path_factory):
+def sides(tmp_path_factory):
+    """MLP train step dumped three ways on CPU: fc2 sign-flipped, bf16 autocast, fp32 bench."""
     root = tmp_path_factory.mktemp("dumps")
     model, batch = em.mlp()
     cpu = torch.device("cpu")
-    sides = {}
+    out = {}
     with preserved_rng([cpu]):
-        for name, step in (("npu", _flip_second_layer), ("bench", em.train_step)):
-            sides[name] = run_model(model, batch, step, device=cpu, dtype="float32",
-                                    dump_path=str(root / name), settings=Settings(),
-                                    summary_only=False)
-    params = {"npu_pkl_path": sides["npu"].pkl_path, "bench_pkl_path": sides["bench"].pkl_path,
-              "npu_dump_data_dir": sides["npu"].data_dir,
-              "bench_dump_data_dir": sides["bench"].data_dir, "is_print_compare_log": False}
-    return params, root
+        for name, step, dtype in (("flip", _flip_second_layer, "float32"),
+                                  ("bf16", em.train_step, "bfloat16"),
+                                  ("bench", em.train_step, "float32")):
+            out[name] = run_model(model, batch, step, device=cpu, dtype=dtype,
+                                  dump_path=str(root / name), settings=Settings(),
+                                  summary_only=False)
+    return out, root
+
+
+@pytest.fixture(scope="module")
+def dumps(sides):
+    out, root = sides
+    return _params(out["flip"], out["bench"]), root
+
+
+def _compare(params, out, settings, **kw):
+    return compare(params, str(out), rule=settings.rule, thresholds=to_thresholds(settings),
+                   replay_check=False, **kw)
 
 
 def test_failure_message_and_sufficient_tolerance(dumps):
@@ -48,11 +70,92 @@ def test_failure_message_and_sufficient_tolerance(dumps):
     assert evaluate(again).passed
 
 
-def test_ignore_lists_and_rule_overrides_on_a_compare_result(dumps):
+def test_ignore_lists_on_a_compare_result(dumps):
     params, root = dumps
     result = compare(params, str(root / "out2"), stack_mode=True)
     # only the first linear (before the flipped layer) is judged: it agrees
     assert_precision(result, only=["Functional_linear_0_forward"])
     assert evaluate(result, ignore=["linear_0"]).n_ignored > 0
-    with pytest.raises(TypeError, match="give the rule and thresholds to compare"):
+
+
+def test_thresholds_on_a_compare_result_judge_its_table_again(sides, dumps):
+    params, root = dumps
+    failing = compare(params, str(root / "out3"), replay_check=False)
+    with pytest.raises(PrecisionError):
+        assert_precision(failing)
+    needed = evaluate(failing).needed
+    assert_precision(failing, **needed)                 # looser: the failing result passes
+    assert not failing.table["_passed"].all()           # the result itself is left as it was
+
+    out, _ = sides
+    bf16 = _params(out["bf16"], out["bench"])
+    passing = compare(bf16, str(root / "out4"), replay_check=False)
+    assert_precision(passing)                           # bf16 rounding passes ptdbg's defaults
+    strict = {"cosine": 0.99999, "max_abs": 1e-6}
+    with pytest.raises(PrecisionError, match="precision check failed"):
+        assert_precision(passing, **strict)             # stricter: the passing result fails
+    # the verdict of every row is the one compare() gives with the same thresholds
+    for kw in (strict, dict(rule="dtype", rtol=0.05, atol=0.01),
+               dict(rule="dtype", rtol=1e-9, atol=1e-12)):
+        s = Settings(rule=kw.get("rule", "ptdbg"),
+                     thresholds={k: v for k, v in kw.items() if k != "rule"})
+        again = _compare(bf16, root / f"again-{len(kw)}-{s.rule}", s)
+        mine = evaluate(passing, **kw)
+        assert list(mine.table["_passed"]) == list(again.table["_passed"]), kw
+        assert mine.passed == again.passed
+    # statistics-only compare: exact under both rules
+    summ = compare(bf16, str(root / "out5"), summary_compare=True, replay_check=False)
+    for kw in ({"summary_rel": 1e-4}, {"rule": "dtype"}):
+        s = Settings(rule=kw.get("rule", "ptdbg"),
+                     thresholds={k: v for k, v in kw.items() if k != "rule"})
+        again = _compare(bf16, root / f"summ-{s.rule}", s, summary_compare=True)
+        assert list(evaluate(summ, **kw).table["_passed"]) == list(again.table["_passed"]), kw
+
+
+def test_dtype_rule_rows_the_table_cannot_decide(sides, dumps):
+    out, root = sides
+    bf16 = _params(out["bf16"], out["bench"])
+    result = compare(bf16, str(root / "out6"), replay_check=False)
+    with pytest.raises(ValueError, match="cannot be judged from the compare table"):
         assert_precision(result, rule="dtype")
+    # a result that records its inputs is compared again for those rows
+    result.input_param = bf16
+    ev = evaluate(result, rule="dtype")
+    again = _compare(bf16, root / "out7", Settings(rule="dtype"))
+    assert list(ev.table["_passed"]) == list(again.table["_passed"]) and not ev.passed
+
+
+def _row(**kw):
+    base = {"NPU Name": "x", "NPU Tensor Dtype": "torch.float32",
+            "Bench Tensor Dtype": "torch.float32", "NPU Tensor Shape": [4],
+            "Bench Tensor Shape": [4], "Cosine": 1.0, "MaxAbsErr": 0.0, "MaxRelativeErr": 0.0,
+            "One Thousandth Err Ratio": 1.0, "Five Thousandths Err Ratio": 1.0,
+            "Bench max": 2.0, "Bench min": -1.0, "Accuracy Reached or Not": "Yes",
+            "_paired": True, "_nan_mismatch": False, "_passed": True}
+    base.update(kw)
+    return base
+
+
+def test_rejudge_table_dtype_bounds_by_hand():
+    from pytest_ptdbg.comparison.verdict import Thresholds
+
+    th = Thresholds(tolerances={"float32": (0.01, 0.001)})      # rtol 1e-2, atol 1e-3; A = 2
+    table = pd.DataFrame([
+        _row(**{"NPU Name": "abs_ok", "MaxAbsErr": 0.0009, "MaxRelativeErr": 5.0}),  # <= atol
+        _row(**{"NPU Name": "rel_ok", "MaxAbsErr": 0.015, "MaxRelativeErr": 0.009}),  # <= rtol
+        _row(**{"NPU Name": "fails", "MaxAbsErr": 0.0211, "MaxRelativeErr": 0.02,   # > .001+.02
+                "One Thousandth Err Ratio": 0.5, "Five Thousandths Err Ratio": 0.6}),
+        _row(**{"NPU Name": "between", "MaxAbsErr": 0.015, "MaxRelativeErr": 0.5,
+                "One Thousandth Err Ratio": 0.9, "Five Thousandths Err Ratio": 0.95}),
+        _row(**{"NPU Name": "unpaired", "MaxAbsErr": math.nan, "_paired": False,
+                "Accuracy Reached or Not": "No", "_passed": False}),
+    ])
+    table.attrs["summary_compare"] = False
+    out, undecided = rejudge_table(table, "dtype", th)
+    assert list(out["Accuracy Reached or Not"]) == ["Yes", "Yes", "No", "Yes", "No"]
+    assert undecided == ["between"]
+    # 10% of elements may fail: 95% of "between"'s elements are within 5e-3 relative error,
+    # half of "fails"'s are beyond it
+    th.max_fail_fraction = 0.1
+    out, undecided = rejudge_table(table, "dtype", th)
+    assert undecided == ["fails"] and out.loc[3, "Accuracy Reached or Not"] == "Yes"

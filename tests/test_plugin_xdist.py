@@ -43,7 +43,7 @@ def test_xdist_two_workers_complete_summary(pytester):
     res = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider",
                                         f"--ptdbg-dump-dir={dump}", "--ptdbg-keep=all")
     res.assert_outcomes(passed=2, failed=1)
-    res.stdout.fnmatch_lines(["*ptdbg precision summary*", "*ptdbg: 1 failed, 2 passed;*"])
+    res.stdout.fnmatch_lines(["*ptdbg precision summary*", "*ptdbg: 3 comparison(s): 1 failed, 2 passed; artifacts in*"])
     doc = json.loads((dump / "ptdbg_summary.json").read_text())
     assert doc["counts"] == {"failed": 1, "passed": 2}
     assert sorted(t["nodeid"] for t in doc["tests"]) == [

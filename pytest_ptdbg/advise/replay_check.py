@@ -290,7 +290,7 @@ def _decide(v: ReplayVerdict) -> None:
         amp = v.amplification
         if not math.isnan(amp) and amp >= AMPLIFIES:
             how = (f"it amplifies the {_fmt(v.input_error)} difference of its inputs about {amp:.3g} times "
-                   f"(a badly conditioned op, e.g. a softmax over large logits)")
+                   f"(an op badly conditioned for these inputs)")
         elif not math.isnan(amp):
             how = f"it passes on the {_fmt(v.input_error)} difference of its inputs"
         else:

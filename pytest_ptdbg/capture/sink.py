@@ -95,7 +95,7 @@ class ApiCall:
 
     __slots__ = (
         "api_type", "api_name", "index", "func", "_args", "_kwargs", "_output", "_weak", "ctx", "inplace",
-        "seq", "state", "_frame", "_stack", "__weakref__",
+        "seq", "state", "_frame", "_stack", "_fkey", "_bkey", "__weakref__",
     )
 
     def __init__(
@@ -125,14 +125,22 @@ class ApiCall:
         self.state: dict = {}
         self._frame = frame
         self._stack: Optional[List[list]] = None
+        self._fkey: Optional[str] = None
+        self._bkey: Optional[str] = None
 
     @property
     def forward_key(self) -> str:
-        return records.api_key(self.api_type, self.api_name, self.index, "forward")
+        k = self._fkey
+        if k is None:
+            k = self._fkey = records.api_key(self.api_type, self.api_name, self.index, "forward")
+        return k
 
     @property
     def backward_key(self) -> str:
-        return records.api_key(self.api_type, self.api_name, self.index, "backward")
+        k = self._bkey
+        if k is None:
+            k = self._bkey = records.api_key(self.api_type, self.api_name, self.index, "backward")
+        return k
 
     def key(self, direction: str) -> str:
         return records.api_key(self.api_type, self.api_name, self.index, direction)

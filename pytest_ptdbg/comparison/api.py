@@ -61,6 +61,15 @@ def _timestamp() -> str:
     return time.strftime("%Y%m%d%H%M%S", time.localtime())
 
 
+def _free_stem(output_path: str, stem: str) -> str:
+    """``stem``, or ``stem_2``, ``stem_3``... when a compare in the same second already used it."""
+    candidate, n = stem, 1
+    while os.path.exists(os.path.join(output_path, f"compare_result_{candidate}.csv")):
+        n += 1
+        candidate = f"{stem}_{n}"
+    return candidate
+
+
 def _load(input_param: Dict[str, Any], side: str, problems: List[str]) -> reader.Dump:
     key = f"{side}_pkl_path"
     path = input_param.get(key)
@@ -140,8 +149,7 @@ def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyz
     from pytest_ptdbg.report.html_report import write_html
 
     os.makedirs(output_path, exist_ok=True)
-    ts = _timestamp()
-    stem = f"{tag}_{ts}" if tag else ts
+    stem = _free_stem(output_path, f"{tag}_{_timestamp()}" if tag else _timestamp())
     csv_path = write_csv(table, os.path.join(output_path, f"compare_result_{stem}.csv"), stack_mode)
     advice = advise(table)
     if replay is not None:

@@ -27,17 +27,15 @@ _SQ_SAFE = 1e37  # below float32's max (3.4e38) with margin for rounding
 _NUMPY_SUM_MAX = 2048
 
 
-_F64 = "float64"
+_F64 = np.float64
 _NP_INTS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 _MAX = np.maximum.reduce
 _MIN = np.minimum.reduce
-
-
-def _dot(a, b):
-    import numpy as np
-
-    return np.dot(a, b)
-
+_ADD = np.add.reduce
+_DOT = np.dot
+_isfinite = math.isfinite
+_sqrt = math.sqrt
+_float32 = torch.float32
 
 
 class TensorStats(NamedTuple):
@@ -64,7 +62,28 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     n = t.numel()
     if n == 0:
         return TensorStats(dname, shape, [], 0, 0)
-    x = t.detach()
+    x = t.detach() if t.requires_grad else t
+    if dtype in _WIDE and x.is_cpu and x.is_contiguous() and not x.is_neg() and not x.is_conj():
+        # the common case, with as few calls as possible: numpy's max/min and BLAS dot are
+        # single passes without dispatch overhead; torch's vectorised sum is faster than numpy's
+        # on large arrays
+        if n == 1:
+            return _one(dname, shape, float(x.item()))
+        a = x.numpy().reshape(-1)
+        mx_v = float(_MAX(a))
+        mn_v = float(_MIN(a))
+        if n < _NUMPY_SUM_MAX and dtype is _float32:
+            s = float(_ADD(a, dtype=_F64))  # float64 accumulation: exact enough, no overflow
+        else:
+            s = float(x.sum())
+        big = mx_v if mx_v >= -mn_v else -mn_v
+        if big * big * n < _SQ_SAFE:  # the float32 square sum cannot overflow (False for NaN)
+            l2 = _sqrt(float(_DOT(a, a)))
+            if _isfinite(s):
+                return TensorStats(dname, shape, [mx_v, mn_v, s / n, l2], 0, 0)
+        else:  # NaN, Inf or huge values: float64 (no numpy overflow warning)
+            l2 = float(torch.linalg.vector_norm(x, dtype=torch.float64))
+        return _nonfinite(x, dname, shape, n, mx_v, mn_v, s, l2)
     if dtype.is_complex:
         x = x.abs()
         dtype_eff = x.dtype
@@ -74,36 +93,24 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         if dtype_eff not in _WIDE:
             x = x.float()
         if n == 1:
-            v = float(x.reshape(-1)[0].item())
-            fin = math.isfinite(v)
-            return TensorStats(dname, shape, [v, v, v, abs(v)], int(v != v), int(not fin and v == v))
+            return _one(dname, shape, float(x.item()))
         if x.device.type == "cpu" and x.is_contiguous():
-            # CPU: numpy's max/min and BLAS dot are single passes without dispatch overhead;
-            # torch's vectorised sum is faster than numpy's on large arrays
             a = x.numpy().reshape(-1)
             mx_v = float(_MAX(a))
             mn_v = float(_MIN(a))
             if n < _NUMPY_SUM_MAX and x.dtype == torch.float32:
-                s = float(a.sum(dtype=_F64))  # float64 accumulation: exact enough, no overflow
+                s = float(_ADD(a, dtype=_F64))
             else:
                 s = float(x.sum())
             big = max(abs(mx_v), abs(mn_v))
-            if big * big * n < _SQ_SAFE:  # the float32 square sum cannot overflow
-                l2 = math.sqrt(float(_dot(a, a)))
-            else:  # NaN, Inf or huge values: float64 (no numpy overflow warning)
+            if big * big * n < _SQ_SAFE:
+                l2 = _sqrt(float(_DOT(a, a)))
+            else:
                 l2 = float(torch.linalg.vector_norm(x, dtype=torch.float64))
         else:
             mn, mx = torch.aminmax(x)
             mx_v, mn_v, s, l2 = torch.stack((mx, mn, x.sum(), torch.linalg.vector_norm(x))).tolist()
-        mean = s / n
-        nan = inf = 0
-        if not (math.isfinite(mx_v) and math.isfinite(mn_v) and math.isfinite(s) and math.isfinite(l2)):
-            nan, inf = torch.stack((torch.isnan(x).sum(), torch.isinf(x).sum())).tolist()
-            if not inf and not nan:  # finite values whose sum or square sum overflowed
-                l2 = float(torch.linalg.vector_norm(x.double()))
-                s = float(x.sum(dtype=torch.float64))
-                mean = s / n
-        return TensorStats(dname, shape, [mx_v, mn_v, mean, l2], int(nan), int(inf))
+        return _nonfinite(x, dname, shape, n, mx_v, mn_v, s, l2)
     if x.device.type == "cpu" and dtype_eff in _NP_INTS:
         # integers and bools: exact max/min/sum, norm in float64
         a = x.numpy().reshape(-1)
@@ -129,6 +136,26 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
     return TensorStats(dname, shape, [mx_v, mn_v, s_v / n, l2], 0, 0)
 
 
+def _one(dname: str, shape: Tuple[int, ...], v: float) -> TensorStats:
+    """A one-element floating tensor: the value four times (its absolute value as the norm)."""
+    return TensorStats(dname, shape, [v, v, v, abs(v)], int(v != v), int(v == v and not _isfinite(v)))
+
+
+def _nonfinite(x: torch.Tensor, dname: str, shape: Tuple[int, ...], n: int, mx_v: float, mn_v: float,
+               s: float, l2: float) -> TensorStats:
+    """Finish the statistics of a floating tensor; NaN/Inf are counted only when a statistic is
+    not finite (finite values whose sum or square sum overflowed are summed again in float64)."""
+    mean = s / n
+    nan = inf = 0
+    if not (_isfinite(mx_v) and _isfinite(mn_v) and _isfinite(s) and _isfinite(l2)):
+        nan, inf = torch.stack((torch.isnan(x).sum(), torch.isinf(x).sum())).tolist()
+        if not inf and not nan:  # finite values whose sum or square sum overflowed
+            l2 = float(torch.linalg.vector_norm(x.double()))
+            s = float(x.sum(dtype=torch.float64))
+            mean = s / n
+    return TensorStats(dname, shape, [mx_v, mn_v, mean, l2], int(nan), int(inf))
+
+
 def scalar_stats(v: Any) -> Optional[TensorStats]:
     """A Python number as ptdbg records it: the value four times (None for non-numbers)."""
     if isinstance(v, bool):
@@ -140,6 +167,11 @@ def scalar_stats(v: Any) -> Optional[TensorStats]:
         inf = int(math.isinf(v))
         return TensorStats("float", (), [v, v, v, abs(v)], nan, inf)
     return None
+
+
+def _data_key(t: torch.Tensor) -> tuple:
+    """What identifies a tensor's data: any view object over the same memory has the same key."""
+    return (t.data_ptr(), t.dtype, t.shape, t.stride(), None if t.is_cpu else t.device)
 
 
 def _owns_grad(owner_ref: Any, key: tuple) -> bool:
@@ -175,12 +207,12 @@ class StatsCache:
 
     @staticmethod
     def _key(t: torch.Tensor) -> Any:
-        return (t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)
+        return _data_key(t)
 
     def get(self, t: torch.Tensor) -> Optional[TensorStats]:
         if t.numel() == 0 or t.is_sparse:
             return None
-        key = self._key(t)
+        key = _data_key(t)
         e = self._d.get(key)
         if e is not None and e[1] == t._version and (e[0]() is not None or _owns_grad(e[3], key)):
             self.hits += 1
@@ -196,24 +228,29 @@ class StatsCache:
             ref = weakref.ref(t)
         except TypeError:
             return
-        self._d[self._key(t)] = (ref, t._version, st, None)
+        self._d[_data_key(t)] = (ref, t._version, st, None)
 
-    def stats(self, t: torch.Tensor) -> TensorStats:
-        """Cached statistics of ``t``, computing them on a miss."""
-        if t.numel() == 0 or t.is_sparse:
-            return tensor_stats(t)
-        key = (t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)
+    def _lookup(self, t: torch.Tensor) -> Tuple[TensorStats, Any]:
+        """``(statistics, key)``; key is None for tensors that are never cached."""
+        if t.is_sparse or t.numel() == 0:
+            return tensor_stats(t), None
+        key = (t.data_ptr(), t.dtype, t.shape, t.stride(), None if t.is_cpu else t.device)
         e = self._d.get(key)
         if e is not None and e[1] == t._version and (e[0]() is not None or _owns_grad(e[3], key)):
             self.hits += 1
-            return e[2]
+            return e[2], key
         self.misses += 1
         st = tensor_stats(t)
-        if len(self._d) >= self.size:
-            self._d.clear()
-        self._d[key] = (weakref.ref(t), t._version, st, None)
+        d = self._d
+        if len(d) >= self.size:
+            d.clear()
+        d[key] = (weakref.ref(t), t._version, st, None)
         self._recent.append(t)
-        return st
+        return st, key
+
+    def stats(self, t: torch.Tensor) -> TensorStats:
+        """Cached statistics of ``t``, computing them on a miss."""
+        return self._lookup(t)[0]
 
     def grad_stats(self, grad: torch.Tensor, leaf: Any) -> TensorStats:
         """Statistics of a gradient produced for the leaf tensor ``leaf`` (a parameter).
@@ -223,9 +260,8 @@ class StatsCache:
         The entry stays valid while ``leaf.grad`` still holds that memory (so it cannot have been
         reused) and the version counter is unchanged.
         """
-        st = self.stats(grad)
-        if leaf is not None:
-            key = (grad.data_ptr(), grad.dtype, grad.shape, grad.stride(), grad.device)
+        st, key = self._lookup(grad)
+        if leaf is not None and key is not None:
             e = self._d.get(key)
             if e is not None and e[2] is st:
                 try:
@@ -239,7 +275,7 @@ class StatsCache:
         back, e.g. by a collective, which does not bump the version counter)."""
         st = tensor_stats(t)
         if t.numel() and not t.is_sparse:
-            self._d[(t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)] = (weakref.ref(t), t._version, st, None)
+            self._d[_data_key(t)] = (weakref.ref(t), t._version, st, None)
         return st
 
     def clear(self) -> None:

@@ -29,7 +29,7 @@ import torch
 
 from pytest_ptdbg.capture.call_spec import encode_call
 from pytest_ptdbg.capture.select import Selector, filtered_out
-from pytest_ptdbg.capture.sink import ApiCall, Sink, input_items, iter_tensors, outputs_of
+from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors
 from pytest_ptdbg.dump import records
 from pytest_ptdbg.dump.stats import SHARED_CACHE, TensorStats, scalar_stats
 
@@ -376,27 +376,48 @@ def _num(v: Any) -> str:
 _INF = float("inf")
 
 
+#: ``json.dumps(obj, separators=(", ", ": "))`` without building an encoder per call
+_ENCODE = json.JSONEncoder(separators=(", ", ": ")).encode
+_BODIES: Dict[int, Tuple[TensorStats, str]] = {}
+
+
+def _body(st: TensorStats) -> str:
+    """``"dtype", [shape], [stats], {"nan": n, "inf": m`` of a record, cached per statistics object
+    (a tensor measured once and recorded as one API's output and the next one's input)."""
+    e = _BODIES.get(id(st))
+    if e is not None and e[0] is st:
+        return e[1]
+    vals = st.stats
+    stats = str(vals)  # Python's repr of finite floats and ints is JSON's
+    if "n" in stats or "T" in stats or "F" in stats:  # nan, inf, True, False
+        stats = "[" + ", ".join([_num(v) for v in vals]) + "]"
+    body = f'"{st.dtype}", {list(st.shape)}, {stats}, {{"nan": {st.nan}, "inf": {st.inf}'
+    if len(_BODIES) >= 4096:
+        _BODIES.clear()
+    _BODIES[id(st)] = (st, body)  # holding ``st`` keeps its id from being reused
+    return body
+
+
 def record_line(key: str, st: TensorStats, rg: Optional[bool], ctx: str, npy: Optional[str],
                 spec: Optional[dict]) -> str:
     """One tensor record line, identical to ``records.encode_line(records.tensor_record(...))``
     (names, dtypes and file names never need JSON escapes; the call spec goes through json)."""
-    stats = str(st.stats)  # Python's repr of finite floats and ints is JSON's
-    if "n" in stats or "T" in stats or "F" in stats:  # nan, inf, True, False
-        stats = "[" + ", ".join([_num(v) for v in st.stats]) + "]"
-    extra = f'"nan": {st.nan}, "inf": {st.inf}'
+    body = _body(st)
     if rg is not None:
-        extra += ', "rg": true' if rg else ', "rg": false'
+        body += ', "rg": true' if rg else ', "rg": false'
     if ctx:
-        extra += f', "ctx": "{ctx}"'
+        body += f', "ctx": "{ctx}"'
     if npy is not None:
-        extra += f', "npy": "{npy}"'
+        body += f', "npy": "{npy}"'
     if spec is not None:
-        extra += ', "call": ' + json.dumps(spec, separators=(", ", ": "))
-    return f'["{key}", 0, [], "{st.dtype}", {list(st.shape)}, {stats}, {{{extra}}}]\n'
+        body += ', "call": ' + _ENCODE(spec)
+    return f'["{key}", 0, [], {body}}}]\n'
 
 
 #: API types whose in-place writes bypass autograd's version counter
 _OPAQUE_TYPES = ("Distributed", "NPU")
+#: the state of a call whose forward is done and whose backward is awaited
+_BWD_ONLY = (True, True, None, None)
 #: backward lines are written in batches of at most this many (and before any forward line)
 _PENDING_MAX = 16
 
@@ -427,6 +448,12 @@ class DumpSink(Sink):
         self._bw_started: set = set()
         self._stack_json: dict = {}
         self._pending: List[str] = []  # backward lines not yet written (see on_backward)
+        sel = self.selector
+        # decisions that do not depend on the call, made once
+        self._every_call = sel.mode not in ("list", "range", "api_list")
+        self._keep_fwd_in = self.with_tensors and sel.keep_io("forward", "input")
+        self._keep_fwd_out = self.with_tensors and sel.keep_io("forward", "output")
+        self._keep_bwd = {"input": sel.keep_io("backward", "input"), "output": sel.keep_io("backward", "output")}
         self.writer.prepare()
 
     # -- records ---------------------------------------------------------------------------
@@ -482,47 +509,46 @@ class DumpSink(Sink):
 
     # -- sink protocol -----------------------------------------------------------------------
     def start_call(self, call: ApiCall) -> bool:
-        fwd, bwd = self.selector.directions(call)
-        if not (fwd or bwd):
-            return False
-        call.state[self] = (fwd, bwd, [])
-        if fwd and self.with_tensors and self.selector.keep_io("forward", "input"):
-            spec = None
-            try:
-                spec = encode_call(call.args, call.kwargs)
-            except Exception as e:  # pragma: no cover - never let the spec break a run
-                spec = {"repr": f"unencodable call: {e}"}
-            lines: list = call.state[self][2]
-            spec = self._records(call.forward_key, "input", input_items(call.args, call.kwargs), call.ctx, lines, spec)
-            call.state[self] = (fwd, bwd, lines, spec)
-        elif fwd and self.with_tensors:
-            try:
-                spec = encode_call(call.args, call.kwargs)
-            except Exception as e:  # pragma: no cover
-                spec = {"repr": f"unencodable call: {e}"}
-            call.state[self] = (fwd, bwd, [], spec)
-        if fwd and self.with_stack:
-            call.stack  # extract now, while the frames are live
+        if self._every_call:
+            fwd = bwd = True
+        else:
+            fwd, bwd = self.selector.directions(call)
+            if not (fwd or bwd):
+                return False
+        lines: list = []
+        spec = None
+        if fwd:
+            if self.with_tensors:
+                args, kwargs = call.args, call.kwargs
+                try:
+                    spec = encode_call(args, kwargs)
+                except Exception as e:  # pragma: no cover - never let the spec break a run
+                    spec = {"repr": f"unencodable call: {e}"}
+                if self._keep_fwd_in:
+                    items = list(args) + list(kwargs.values()) if kwargs else args
+                    spec = self._records(call.forward_key, "input", items, call.ctx, lines, spec)
+            if self.with_stack:
+                call.stack  # extract now, while the frames are live
+        call.state[self] = (fwd, bwd, lines, spec)
         return True
 
     def end_call(self, call: ApiCall) -> None:
         st = call.state.get(self)
         if st is None:
             return
-        fwd = st[0]
+        fwd, bwd, lines, spec = st
         if not fwd:
             if self.with_stack:
                 call.stack
             return
-        lines = st[2]
-        spec = st[3] if len(st) > 3 else None
         api = call.forward_key
-        if self.with_tensors and self.selector.keep_io("forward", "output"):
+        if self._keep_fwd_out:
             out = call.output
             fresh = call.api_type in _OPAQUE_TYPES  # they write tensors without a version bump
             if call.inplace and not _has_tensor(out) and call.args:
                 out = call.args[0]  # in-place collectives and the like return None/Work
-            self._records(api, "output", outputs_of(out), call.ctx, lines, spec, fresh)
+            items = list(out) if isinstance(out, (list, tuple)) and not hasattr(out, "shape") else (out,)
+            self._records(api, "output", items, call.ctx, lines, spec, fresh)
         if self.with_stack:
             lines.append(self._stack_line(api, call.stack))
         if lines:
@@ -531,14 +557,14 @@ class DumpSink(Sink):
                 self._pending = []
             self.writer.write("".join(lines))
             self.apis_forward += 1
-        if st[1]:
-            call.state[self] = (True, True, None, None)
+        if bwd:
+            call.state[self] = _BWD_ONLY
         else:
             del call.state[self]
 
     def on_backward(self, call: ApiCall, io: str, index: Tuple[int, ...], grad: Any) -> None:
         st = call.state.get(self)
-        if st is None or not st[1] or not self.selector.keep_io("backward", io):
+        if st is None or not st[1] or not self._keep_bwd[io]:
             return
         if self.filter_on and filtered_out(grad):
             return
@@ -551,9 +577,9 @@ class DumpSink(Sink):
         key = f"{api}_{io}.{index[0]}" if len(index) == 1 else records.tensor_key(api, io, index)
         npy = self.writer.save(key, grad) if self.save_data else None
         line = record_line(key, s, None, call.ctx, npy, None)
-        first = call.seq not in self._bw_started
-        if first:
-            self._bw_started.add(call.seq)
+        seq = call.seq
+        if seq not in self._bw_started:
+            self._bw_started.add(seq)
             self.apis_backward += 1
             if self.with_stack and call._stack is not None:
                 line += self._stack_line(api, call._stack)
@@ -572,7 +598,7 @@ class DumpSink(Sink):
         """The stack record line; the frames' JSON is cached (``extract_stack`` shares lists)."""
         enc = self._stack_json.get(id(frames))
         if enc is None or enc[0] is not frames:
-            enc = (frames, json.dumps(frames, separators=(", ", ": ")))
+            enc = (frames, _ENCODE(frames))
             if len(self._stack_json) > 20000:
                 self._stack_json.clear()
             self._stack_json[id(frames)] = enc
