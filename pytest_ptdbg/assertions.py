@@ -79,7 +79,9 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
 
     ``settings`` default to the result's own (the test's) or the defaults; ``overrides`` (threshold
     names, ``rule``, ``ignore``, ``only``, ``ignore_optimizer``) win over them. When the rule or
-    thresholds differ from those the comparison used, the rows are judged again; ignored rows
+    thresholds differ from those the comparison used, the rows are judged again (the fixture's
+    result by ``compare()`` again; a ``CompareResult`` from its table, see ``plugin_rejudge``,
+    which assumes it was compared with the default thresholds of its table's rule); ignored rows
     count as passed, and the advisor is run again on what is left.
     """
     import numpy as np
@@ -317,7 +319,9 @@ def assert_precision(result: Any, **thresholds: Any) -> Any:
     Keyword arguments: threshold names (``cosine``, ``max_abs``, ``cosine_hard``,
     ``max_abs_hard``, ``summary_rel``, ``rtol``, ``atol``, ``max_fail_fraction``), ``rule``
     (``"ptdbg"``/``"dtype"``), ``ignore`` / ``only`` (API name substrings),
-    ``ignore_optimizer``; they win over the test's marker and options. Returns the :class:`Evaluation` when it passes.
+    ``ignore_optimizer``; they win over the test's marker and options. On a ``CompareResult``
+    the rule and thresholds re-judge its table; ``ValueError`` names the rows the dtype rule
+    cannot decide without the tensors. Returns the :class:`Evaluation` when it passes.
     """
     __tracebackhide__ = True
     ev = evaluate(result, **thresholds)

@@ -265,6 +265,11 @@ def test_a(ptdbg_dump):
 def test_b(ptdbg_dump):
     model, batch = make()
     ptdbg_dump(model, batch, summary_only=True).assert_precision()
+
+class TestC:
+    def test_c(self, ptdbg_dump):
+        model, batch = make()
+        ptdbg_dump(model, batch).assert_precision()
 """
 
 
@@ -273,20 +278,23 @@ def test_selected_node_ids_do_not_make_goldens_stale(tester):
     dump = tester.path / "dumps"
     tester.makepyfile(test_two=TWO_GOLDEN_TESTS)
     args = [f"--ptdbg-golden={golden}", f"--ptdbg-dump-dir={dump}"]
-    tester.runpytest(*args, "--ptdbg-update-golden").assert_outcomes(passed=2)
-    for select in (["test_two.py::test_a"], ["-k", "test_a"], ["--deselect", "test_two.py::test_b"]):
+    tester.runpytest(*args, "--ptdbg-update-golden").assert_outcomes(passed=3)
+    # test_b and TestC::test_c are not selected: neither is stale (TestC is never collected)
+    for select in (["test_two.py::test_a"], ["-k", "test_a"],
+                   ["--deselect", "test_two.py::test_b", "--deselect", "test_two.py::TestC"]):
         res = tester.runpytest(*args, *select)
-        res.assert_outcomes(passed=1, deselected=0 if select[0].startswith("test_") else 1)
+        res.assert_outcomes(passed=1, deselected=0 if select[0].startswith("test_") else 2)
         assert "stale golden" not in res.stdout.str(), select
         assert _summary(str(dump))["stale_goldens"] == [], select
     # test_b leaves the file: the next run of the whole file (or under -k) reports its golden
-    tester.makepyfile(test_two=TWO_GOLDEN_TESTS.split("def test_b")[0])
+    tester.makepyfile(test_two=TWO_GOLDEN_TESTS.replace("def test_b", "def helper_b"))
     for select in ([], ["-k", "test_a"]):
         res = tester.runpytest(*args, *select)
-        res.assert_outcomes(passed=1)
+        res.assert_outcomes(passed=2 if not select else 1)
         res.stdout.fnmatch_lines(["*stale goldens*: 1", "*test_two.py::test_b*"])
-    # ...but not when only a node id of that file is asked for
-    res = tester.runpytest(*args, "test_two.py::test_a")
+    # ...but not when only node ids of that file are asked for
+    res = tester.runpytest(*args, "test_two.py::TestC::test_c")
+    res.assert_outcomes(passed=1)
     assert "stale golden" not in res.stdout.str()
     # only stale goldens, no comparison: the summary line says so
     res = tester.runpytest(*args, "-k", "nothing_matches")
@@ -297,6 +305,7 @@ def test_selected_node_ids_do_not_make_goldens_stale(tester):
 def test_marker_and_argument_choose_the_dump_mode(tester):
     tester.makepyfile(test_mode="""
         import pytest
+        import os
         from netlib import make
 
         @pytest.mark.ptdbg(mode="api_list", api_list=["linear"])
@@ -310,7 +319,7 @@ def test_marker_and_argument_choose_the_dump_mode(tester):
             model, batch = make()
             result = ptdbg_dump(model, batch, mode="list", scope=["Torch_tanh_0_forward"])
             assert set(result.table["_api"]) == {"Torch_tanh_0_forward"}
-            assert "api_list_dump.pkl" not in result.npu.pkl_path
+            assert result.npu.pkl_path.endswith(os.sep + "list_dump.pkl")
 
         @pytest.mark.ptdbg(mode="api_list")
         def test_api_list_needs_names(ptdbg_dump):
@@ -319,6 +328,13 @@ def test_marker_and_argument_choose_the_dump_mode(tester):
     res = tester.runpytest("--strict-markers", f"--ptdbg-dump-dir={tester.path / 'd'}")
     res.assert_outcomes(passed=2, failed=1)
     res.stdout.fnmatch_lines(["*@pytest.mark.ptdbg on *test_api_list_needs_names*api_list=[]*"])
+    # goldens are recorded, and compared, in the test's mode
+    golden = tester.path / "golden"
+    for extra in (["--ptdbg-update-golden"], []):
+        res = tester.runpytest(f"--ptdbg-golden={golden}", "-k", "marker_api_list", *extra)
+        res.assert_outcomes(passed=1)
+    meta = golden / "test_mode.py" / "test_marker_api_list" / "golden.json"
+    assert json.loads(meta.read_text())["mode"] == "api_list"
 
 
 def test_precedence_argument_marker_ini_default(tester):

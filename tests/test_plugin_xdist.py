@@ -43,7 +43,8 @@ def test_xdist_two_workers_complete_summary(pytester):
     res = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider",
                                         f"--ptdbg-dump-dir={dump}", "--ptdbg-keep=all")
     res.assert_outcomes(passed=2, failed=1)
-    res.stdout.fnmatch_lines(["*ptdbg precision summary*", "*ptdbg: 3 comparison(s): 1 failed, 2 passed; artifacts in*"])
+    res.stdout.fnmatch_lines(["*ptdbg precision summary*",
+                              "*ptdbg: 3 comparison(s): 1 failed, 2 passed; artifacts in*"])
     doc = json.loads((dump / "ptdbg_summary.json").read_text())
     assert doc["counts"] == {"failed": 1, "passed": 2}
     assert sorted(t["nodeid"] for t in doc["tests"]) == [
@@ -55,3 +56,41 @@ def test_xdist_two_workers_complete_summary(pytester):
     (fail,) = [t for t in doc["tests"] if t["verdict"] == "failed"]
     assert "neg" in fail["first_suspect"]["api"]  # -x: the sign flip
     assert (pytester.path / fail["html"]).is_file()
+
+
+GOLDEN_TESTS = """
+import torch
+import torch.nn as nn
+
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)), torch.randn(5, 4)
+
+
+def test_a(ptdbg_dump):
+    ptdbg_dump(*make(), summary_only=True).assert_precision()
+
+
+def test_b(ptdbg_dump):
+    ptdbg_dump(*make(), summary_only=True).assert_precision()
+
+
+def test_gone(ptdbg_dump):
+    ptdbg_dump(*make(), summary_only=True).assert_precision()
+"""
+
+
+def test_xdist_deselected_goldens_are_not_stale(pytester):
+    """Workers deselect (-k) on their side: the controller still knows test_b exists."""
+    pytester.makepyfile(test_g=GOLDEN_TESTS)
+    args = ["-p", "no:cacheprovider", f"--ptdbg-golden={pytester.path / 'golden'}",
+            f"--ptdbg-dump-dir={pytester.path / 'dumps'}"]
+    pytester.runpytest_subprocess("-p", "no:xdist", *args,
+                                  "--ptdbg-update-golden").assert_outcomes(passed=3)
+    pytester.makepyfile(test_g=GOLDEN_TESTS.split("def test_gone")[0])
+    res = pytester.runpytest_subprocess("-n", "2", "-k", "test_a", *args)
+    res.assert_outcomes(passed=1)
+    res.stdout.fnmatch_lines(["*stale goldens*: 1", "*test_g.py::test_gone*"])
+    doc = json.loads((pytester.path / "dumps" / "ptdbg_summary.json").read_text())
+    assert [s["nodeid"] for s in doc["stale_goldens"]] == ["test_g.py::test_gone"]

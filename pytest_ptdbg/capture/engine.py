@@ -39,21 +39,34 @@ DIST_FUNCS = (
 )
 
 
+_UNSEEN = object()
+#: func -> (Type, name) or None: what names.classify says, remembered per callable
+_SEEN: Dict[Any, Any] = {}
+
+
 class _Mode(TorchFunctionMode):
     def __init__(self, engine: "CaptureEngine") -> None:
         super().__init__()
         self.engine = engine
+        self._seen = _SEEN
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if kwargs is None:
-            kwargs = {}
         eng = self.engine
         if eng.busy or eng.depth:
-            return func(*args, **kwargs)
-        hit = names.classify(func)
+            return func(*args, **kwargs) if kwargs else func(*args)
+        seen = self._seen
+        try:
+            hit = seen.get(func, _UNSEEN)
+        except TypeError:  # unhashable callable
+            hit = names.classify(func)
+        else:
+            if hit is _UNSEEN:
+                hit = names.classify(func)
+                if len(seen) < 100000:
+                    seen[func] = hit
         if hit is None:
-            return func(*args, **kwargs)
-        return eng.handle(hit, func, args, kwargs)
+            return func(*args, **kwargs) if kwargs else func(*args)
+        return eng.handle(hit, func, args, kwargs or {})
 
 
 class CaptureEngine:
@@ -189,9 +202,13 @@ class CaptureEngine:
         inplace = (wrapped and api_type == "Distributed") or names.is_inplace(api_type, name, args, kwargs)
         call = ApiCall(api_type, name, k, func, args, kwargs, "optimizer" if self.opt_depth else "",
                        inplace, seq, sys._getframe(2))
+        sinks = self.sinks
         self.busy = True
         try:
-            wanted = [s for s in self.sinks if s.start_call(call)]
+            if len(sinks) == 1:
+                wanted = sinks if sinks[0].start_call(call) else ()
+            else:
+                wanted = [s for s in sinks if s.start_call(call)]
         finally:
             self.busy = False
         if not wanted:
@@ -205,15 +222,17 @@ class CaptureEngine:
             return func(*args, **kwargs)
         bw = [s for s in wanted if getattr(s, "wants_backward", True)]
         aliases: list = []
-        if bw and api_type != "Distributed" and _grad_enabled() and not (kwargs and "out" in kwargs):
+        grad_on = bw and _grad_enabled()
+        if grad_on and api_type != "Distributed" and not (kwargs and "out" in kwargs):
             args, kwargs, aliases = _alias_inputs(args, kwargs, skip_first=inplace)
         if wrapped:
             self.depth += 1
-        try:
-            out = func(*args, **kwargs)
-        finally:
-            if wrapped:
+            try:
+                out = func(*args, **kwargs)
+            finally:
                 self.depth -= 1
+        else:
+            out = func(*args, **kwargs)
         same: set = set()
         if aliases:
             out = _unalias(out, aliases, same)
@@ -273,46 +292,61 @@ def _alias_inputs(args: tuple, kwargs: dict, skip_first: bool) -> Tuple[tuple, d
     """
     aliases: list = []
     memo: Dict[int, Any] = {}
-
-    def sub(v: Any, idx: Tuple[int, ...]) -> Any:
+    n = len(args)
+    new_args = None
+    for i in range(1 if skip_first else 0, n):
+        v = args[i]
         if isinstance(v, _Tensor):
             if not v.requires_grad:
-                return v
-            a = memo.get(id(v))
-            if a is None:
-                a = v.view_as(v)
-                memo[id(v)] = a
-                aliases.append((idx, a, v))
-            return a
-        tv = type(v)
-        if tv is list or tv is tuple:
-            new = [sub(x, idx + (j,)) for j, x in enumerate(v)]
-            if any(n is not o for n, o in zip(new, v)):
-                return tv(new)
-            return v
-        return v
-
-    n = len(args)
-    new_args = list(args)
-    changed = False
-    for i in range(1 if skip_first else 0, n):
-        a = sub(args[i], (i,))
-        if a is not args[i]:
+                continue
+            a = _alias_one(v, (i,), memo, aliases)
+        else:
+            tv = type(v)
+            if tv is not list and tv is not tuple:
+                continue
+            a = _alias_seq(v, (i,), memo, aliases)
+        if a is not v:
+            if new_args is None:
+                new_args = list(args)
             new_args[i] = a
-            changed = True
     new_kwargs = kwargs
     if kwargs:
         for j, (kk, v) in enumerate(kwargs.items()):
             if skip_first and n == 0 and j == 0:
                 continue
-            a = sub(v, (n + j,))
+            a = _alias_value(v, (n + j,), memo, aliases)
             if a is not v:
                 if new_kwargs is kwargs:
                     new_kwargs = dict(kwargs)
                 new_kwargs[kk] = a
     if not aliases:
         return args, kwargs, aliases
-    return (tuple(new_args) if changed else args), new_kwargs, aliases
+    return (tuple(new_args) if new_args is not None else args), new_kwargs, aliases
+
+
+def _alias_one(v: Any, idx: Tuple[int, ...], memo: Dict[int, Any], aliases: list) -> Any:
+    a = memo.get(id(v))
+    if a is None:
+        a = v.view_as(v)
+        memo[id(v)] = a
+        aliases.append((idx, a, v))
+    return a
+
+
+def _alias_seq(v: Any, idx: Tuple[int, ...], memo: Dict[int, Any], aliases: list) -> Any:
+    new = [_alias_value(x, idx + (j,), memo, aliases) for j, x in enumerate(v)]
+    if any(n is not o for n, o in zip(new, v)):
+        return type(v)(new)
+    return v
+
+
+def _alias_value(v: Any, idx: Tuple[int, ...], memo: Dict[int, Any], aliases: list) -> Any:
+    if isinstance(v, _Tensor):
+        return _alias_one(v, idx, memo, aliases) if v.requires_grad else v
+    tv = type(v)
+    if tv is list or tv is tuple:
+        return _alias_seq(v, idx, memo, aliases)
+    return v
 
 
 def _unalias(out: Any, aliases: list, same: set) -> Any:
