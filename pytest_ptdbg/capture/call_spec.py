@@ -9,12 +9,14 @@ as is; ``{"dtype": "torch.float32"}``, ``{"device": "cpu"}``, ``{"slice": [start
 """
 from __future__ import annotations
 
+import json
 import math
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, Dict, Mapping, Tuple
 
 import torch
 
-__all__ = ["encode_call", "decode_call", "encode_value", "NotReplayable"]
+__all__ = ["encode_call", "encode_call_json", "decode_call", "encode_value", "NotReplayable"]
 
 
 class NotReplayable(ValueError):
@@ -67,6 +69,51 @@ def encode_call(args: tuple, kwargs: Mapping[str, Any]) -> Dict[str, Any]:
         "args": [encode_value(a, (i,)) for i, a in enumerate(args)],
         "kwargs": {k: encode_value(v, (n + j,)) for j, (k, v) in enumerate(kwargs.items())},
     }
+
+
+#: ``json.dumps(obj, separators=(", ", ": "))`` without building an encoder per call
+_ENCODE = json.JSONEncoder(separators=(", ", ": ")).encode
+_Tensor = torch.Tensor
+_float_repr = float.__repr__
+_int_repr = int.__repr__
+
+
+def _value_json(v: Any, path: Tuple[int, ...]) -> str:
+    """``_ENCODE(encode_value(v, path))``, written directly for the common argument types."""
+    if isinstance(v, _Tensor):
+        if len(path) == 1:
+            return '{"t": "input.%d"}' % path[0]
+        return '{"t": "' + _idx(path) + '"}'
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    tv = type(v)
+    if tv is int:
+        return _int_repr(v)
+    if tv is float and v - v == 0.0:  # finite
+        return _float_repr(v)
+    if tv is str:
+        return _json_str(v)
+    if tv is list:
+        return "[" + ", ".join([_value_json(x, path + (j,)) for j, x in enumerate(v)]) + "]"
+    if tv is tuple:
+        return '{"tuple": [' + ", ".join([_value_json(x, path + (j,)) for j, x in enumerate(v)]) + "]}"
+    return _ENCODE(encode_value(v, path))
+
+
+def encode_call_json(args: tuple, kwargs: Mapping[str, Any]) -> str:
+    """The call spec of ``func(*args, **kwargs)`` as JSON text: exactly
+    ``json.dumps(encode_call(args, kwargs), separators=(", ", ": "))``, built without the dict."""
+    n = len(args)
+    a = ", ".join([_value_json(v, (i,)) for i, v in enumerate(args)])
+    if kwargs:
+        kw = ", ".join([_json_str(k) + ": " + _value_json(v, (n + j,)) for j, (k, v) in enumerate(kwargs.items())])
+    else:
+        kw = ""
+    return '{"args": [' + a + '], "kwargs": {' + kw + "}}"
 
 
 def _torch_attr(s: str, kind: str) -> Any:

@@ -35,6 +35,8 @@ class CompareResult:
     passed: bool
     problems: List[str] = field(default_factory=list)
     summary_compare: bool = False
+    #: the ``input_param`` it was made from (lets ``assert_precision`` compare again with other rules)
+    input_param: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def first_suspect(self):
@@ -138,7 +140,9 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
     say(f"{len(table)} rows in {time.perf_counter() - t0:.2f} s")
     replay = (npu, bench, replay_device) if replay_check and not summary and npu.has_data and bench.has_data \
         else None
-    return _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, _tag, replay)
+    result = _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, _tag, replay)
+    result.input_param = dict(input_param)
+    return result
 
 
 def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyze: bool,

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from pytest_ptdbg.capture.call_spec import encode_call
+from pytest_ptdbg.capture.call_spec import encode_call_json
 from pytest_ptdbg.capture.select import Selector, filtered_out
 from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors
 from pytest_ptdbg.dump import records
@@ -399,9 +399,10 @@ def _body(st: TensorStats) -> str:
 
 
 def record_line(key: str, st: TensorStats, rg: Optional[bool], ctx: str, npy: Optional[str],
-                spec: Optional[dict]) -> str:
+                spec: Any) -> str:
     """One tensor record line, identical to ``records.encode_line(records.tensor_record(...))``
-    (names, dtypes and file names never need JSON escapes; the call spec goes through json)."""
+    (names, dtypes and file names never need JSON escapes; the call spec, a dict or its JSON text
+    from ``call_spec.encode_call_json``, goes in as JSON)."""
     body = _body(st)
     if rg is not None:
         body += ', "rg": true' if rg else ', "rg": false'
@@ -410,7 +411,7 @@ def record_line(key: str, st: TensorStats, rg: Optional[bool], ctx: str, npy: Op
     if npy is not None:
         body += f', "npy": "{npy}"'
     if spec is not None:
-        body += ', "call": ' + _ENCODE(spec)
+        body += ', "call": ' + (spec if type(spec) is str else _ENCODE(spec))
     return f'["{key}", 0, [], {body}}}]\n'
 
 
@@ -457,8 +458,8 @@ class DumpSink(Sink):
         self.writer.prepare()
 
     # -- records ---------------------------------------------------------------------------
-    def _records(self, api: str, io: str, items: list, ctx: str, lines: list, spec: Optional[dict],
-                 fresh: bool = False) -> Optional[dict]:
+    def _records(self, api: str, io: str, items: Any, ctx: str, lines: list, spec: Any,
+                 fresh: bool = False) -> Any:
         """Append the lines of ``items`` (an index-ordered list) to ``lines``; returns the unused spec."""
         save = self.save_data
         filt = self.filter_on
@@ -487,7 +488,7 @@ class DumpSink(Sink):
         return spec
 
     def _nested(self, prefix: str, base: Tuple[int, ...], value: Any, ctx: str, lines: list,
-                spec: Optional[dict], fresh: bool) -> Optional[dict]:
+                spec: Any, fresh: bool) -> Any:
         stats = self.cache.fresh if fresh else self.cache.stats
         for idx, v in iter_tensors(value, base):
             if isinstance(v, _Tensor):
@@ -521,7 +522,7 @@ class DumpSink(Sink):
             if self.with_tensors:
                 args, kwargs = call.args, call.kwargs
                 try:
-                    spec = encode_call(args, kwargs)
+                    spec = encode_call_json(args, kwargs)
                 except Exception as e:  # pragma: no cover - never let the spec break a run
                     spec = {"repr": f"unencodable call: {e}"}
                 if self._keep_fwd_in:
