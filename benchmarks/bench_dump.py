@@ -6,8 +6,13 @@ Workloads (issue 2): (a) MLP, 3 x Linear 512, batch 64, SGD; (b) nn.TransformerE
 256, 4 heads, 4 layers, batch 8, seq 128, AdamW. One training step = zero_grad, forward, loss,
 backward, optimizer step, with a persistent optimizer (steady state). torch.set_num_threads(1);
 the variants are interleaved rep by rep and the median step time of each is reported, with the
-ratio to plain measured in the same run. The debugger persists across steps (``step=None``;
-``debugger.step()`` is timed with the step); each finished step's dump is deleted untimed. If ``msprobe`` (mindstudio-probe) imports, its statistics
+ratio to plain measured in the same run. Each variant trains its own copy of the model (same
+seed, so the same numbers and the same work), so that a debugged step follows a debugged step as in
+a training loop with the debugger on; ``--shared-model`` runs every variant on one model instead
+(then each debugged step first sees the weights changed by a plain step outside the debugger, and
+measures them again, which a training loop under the debugger never does). The debugger persists
+across steps (``step=None``; ``debugger.step()`` is timed with the step); each finished step's dump
+is deleted untimed. If ``msprobe`` (mindstudio-probe) imports, its statistics
 mode is measured side by side (its debugger is a per-process singleton: one task per run); it is
 never a dependency. ``--cpu`` times the main thread's CPU instead of wall time (steadier when the
 machine is shared; it leaves out the debugger's background I/O thread).
@@ -125,19 +130,26 @@ def _msprobe_runner(out: str):
         return None
 
 
-def bench(name: str, reps: int, out_root: str, with_full: bool) -> Dict[str, float]:
-    step = make_workload(name)
+def bench(name: str, reps: int, out_root: str, with_full: bool, shared_model: bool = False) -> Dict[str, float]:
+    shared = make_workload(name) if shared_model else None
+
+    def workload() -> Callable[[], None]:
+        return shared if shared is not None else make_workload(name)
+
+    plain_step, stats_step = workload(), workload()
     stats = PtdbgRunner(os.path.join(out_root, name + "_stats"), True)
     variants: Dict[str, Callable[[], float]] = {
-        "plain": lambda: time_plain(step),
-        "stats": lambda: stats(step),
+        "plain": lambda: time_plain(plain_step),
+        "stats": lambda: stats(stats_step),
     }
     if with_full:
+        full_step = workload()
         full = PtdbgRunner(os.path.join(out_root, name + "_full"), False)
-        variants["full"] = lambda: full(step)
+        variants["full"] = lambda: full(full_step)
     ms = _msprobe_runner(os.path.join(out_root, name + "_msprobe"))
     if ms is not None:  # pragma: no cover
-        variants["msprobe_stats"] = lambda: ms(step)
+        ms_step = workload()
+        variants["msprobe_stats"] = lambda: ms(ms_step)
     for fn in variants.values():  # warm-up (optimizer state, allocator, caches)
         fn()
         fn()
@@ -157,6 +169,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="mlp,transformer")
     ap.add_argument("--out", default=None, help="scratch directory for dumps (default: a temp dir)")
     ap.add_argument("--cpu", action="store_true", help="time the main thread's CPU time instead of wall time")
+    ap.add_argument("--shared-model", action="store_true",
+                    help="run all variants on one model (each debugged step then re-measures weights a plain step changed)")
     args = ap.parse_args(argv)
     global CLOCK
     if args.cpu:
@@ -164,11 +178,12 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     out_root = args.out or tempfile.mkdtemp(prefix="ptdbg_bench_")
     print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, reps={args.reps}, "
-          f"clock={'main-thread CPU' if args.cpu else 'wall'}, scratch={out_root}")
+          f"clock={'main-thread CPU' if args.cpu else 'wall'}, "
+          f"models={'shared' if args.shared_model else 'one per variant'}, scratch={out_root}")
     ok = True
     try:
         for name in args.models.split(","):
-            med = bench(name, args.reps, out_root, with_full=True)
+            med = bench(name, args.reps, out_root, with_full=True, shared_model=args.shared_model)
             base = med["plain"]
             print(f"\n{name}: plain {base * 1e3:.1f} ms/step")
             for k, v in med.items():

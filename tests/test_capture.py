@@ -14,7 +14,7 @@ from torch import relu as captured_relu  # captured before any debugger starts
 from example_models import lstm, mlp, train_step
 from pytest_ptdbg import PrecisionDebugger
 from pytest_ptdbg.capture import names
-from pytest_ptdbg.capture.call_spec import NotReplayable, decode_call, encode_call
+from pytest_ptdbg.capture.call_spec import NotReplayable, decode_call, encode_call, encode_call_json
 from pytest_ptdbg.capture.engine import CaptureEngine
 from pytest_ptdbg.capture.sink import Sink
 from pytest_ptdbg.dump import records
@@ -315,6 +315,22 @@ def test_call_spec_round_trip(func, make):
         collect(a, (i,))
     a2, k2 = decode_call(spec, tensors)
     assert torch.equal(func(*a2, **k2), func(*args, **kwargs))
+
+
+@pytest.mark.parametrize("func, make", CALLS)
+def test_call_spec_json_text_is_the_json_of_the_spec(func, make):
+    args, kwargs = make()
+    assert encode_call_json(args, kwargs) == json.dumps(encode_call(args, kwargs), separators=(", ", ": "))
+
+
+def test_call_spec_json_text_of_awkward_values():
+    x = torch.ones(2)
+    args = (x, [x, (x, 2)], None, True, 3, -0.0, 1e300, float("nan"), "q\"\u00e9", slice(1, None), Ellipsis,
+            torch.float16, torch.Size([2]), 2**70)
+    kwargs = {"k\n": -1.5, "alpha": float("-inf"), "nested": [[x], ()]}
+    text = encode_call_json(args, kwargs)
+    assert text == json.dumps(encode_call(args, kwargs), separators=(", ", ": "))
+    assert json.loads(text)["args"][1] == [{"t": "input.1.0"}, {"tuple": [{"t": "input.1.1.0"}, 2]}]
 
 
 def test_call_spec_unreplayable_values():

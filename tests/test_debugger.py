@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from example_models import cnn, mlp, tiny_gpt, train_step
+from example_models import cnn, lstm, mlp, tiny_gpt, train_step
 from pytest_ptdbg import PrecisionDebugger, seed_all
 from pytest_ptdbg.dump import records
 
@@ -209,14 +209,18 @@ def test_redump_replaces_the_rank_directory(tmp_path):
     assert not [d for d in os.listdir(os.path.dirname(rank_dir)) if d != "rank0"]
 
 
-@pytest.mark.parametrize("factory", [mlp, cnn, tiny_gpt])
-def test_loss_and_grads_unchanged_by_the_debugger(tmp_path, factory):
+@pytest.mark.parametrize("factory, summary_only, optimizer", [
+    (mlp, True, "sgd"), (cnn, True, "sgd"), (tiny_gpt, True, "sgd"),
+    (mlp, False, "adamw"), (tiny_gpt, False, "adamw"), (lstm, False, "adamw"), (lstm, True, "sgd"),
+])
+def test_loss_and_grads_unchanged_by_the_debugger(tmp_path, factory, summary_only, optimizer):
     def run(dbg):
         seed_all(0)
         model, batch = factory(seed=0)
         if dbg:
             dbg.start()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt = (torch.optim.SGD(model.parameters(), lr=0.1) if optimizer == "sgd"
+               else torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False))
         loss = model.loss(batch)
         loss.backward()
         grads = [p.grad.clone() for p in model.parameters()]
@@ -228,7 +232,7 @@ def test_loss_and_grads_unchanged_by_the_debugger(tmp_path, factory):
 
     l0, g0, p0 = run(None)
     dbg = PrecisionDebugger(dump_path=str(tmp_path), step=[0])
-    dbg.configure_hook(summary_only=True)
+    dbg.configure_hook(summary_only=summary_only)
     l1, g1, p1 = run(dbg)
     assert torch.equal(l0, l1)
     assert all(torch.equal(a, b) for a, b in zip(g0, g1))

@@ -121,3 +121,23 @@ def test_parameter_grad_stays_cached_while_the_parameter_holds_it():
     misses = c.misses
     c.stats(h)
     assert c.misses == misses + 1
+
+
+def test_scalar_stats_are_shared_per_value_and_keep_the_sign_of_zero():
+    assert scalar_stats(0.25) is scalar_stats(0.25)
+    assert scalar_stats(1).dtype == "int" and scalar_stats(True).dtype == "bool"  # 1 == True: not one key
+    assert str(scalar_stats(-0.0).stats[0]) == "-0.0" and str(scalar_stats(0.0).stats[0]) == "0.0"
+    assert scalar_stats(float("nan")).nan == 1
+
+
+def test_full_cache_forgets_dead_entries_first():
+    c = StatsCache(size=8, keep_recent=0)
+    kept = [torch.full((2,), float(i)) for i in range(3)]
+    first = [c.stats(t) for t in kept]
+    for r in range(3):  # batches of tensors that die after being measured overflow the cache
+        batch = [torch.full((3 + r,), float(i)) for i in range(4)]
+        for t in batch:
+            c.stats(t)
+        del batch
+    hits = c.hits
+    assert [c.stats(t) for t in kept] == first and c.hits == hits + 3  # the live ones still hit

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle as _Handle
 
 from pytest_ptdbg.capture import names
 from pytest_ptdbg.capture.sink import ApiCall, iter_tensors, outputs_of
@@ -253,17 +255,17 @@ class CaptureEngine:
         seen = same  # outputs that are an input given back unchanged get no tap
         if isinstance(out, _Tensor):
             if out.requires_grad and id(out) not in seen:
-                out.register_hook(self._make_hook(call, sinks, "input", (0,)))
+                _register_hook(out, self._make_hook(call, sinks, "input", (0,)))
         else:
             self._tap_outputs(call, sinks, out, seen)
         for idx, alias, orig in aliases:
-            alias.register_hook(self._make_hook(call, sinks, "output", idx))
+            _register_hook(alias, self._make_hook(call, sinks, "output", idx))
 
     def _tap_outputs(self, call: ApiCall, sinks: list, out: Any, seen: set) -> None:
         for idx, t in iter_tensors(outputs_of(out)):
             if isinstance(t, _Tensor) and t.requires_grad and id(t) not in seen:
                 seen.add(id(t))
-                t.register_hook(self._make_hook(call, sinks, "input", idx))
+                _register_hook(t, self._make_hook(call, sinks, "input", idx))
 
     def _make_hook(self, call: ApiCall, sinks: list, io: str, idx: Tuple[int, ...]) -> Callable:
         engine = self
@@ -281,6 +283,25 @@ class CaptureEngine:
             return None
 
         return hook
+
+
+def _register_hook(t: Any, hook: Callable) -> None:
+    """``t.register_hook(hook)`` (which requires grad) minus the handle object, which capture
+    never uses: its taps live as long as the graph. Same dict, same ids, same order as
+    ``Tensor.register_hook``; tensor subclasses go through their own ``register_hook``."""
+    if type(t) is not _Tensor:
+        t.register_hook(hook)
+        return
+    d = t._backward_hooks
+    if d is None:
+        t._backward_hooks = OrderedDict()
+        gf = t.grad_fn
+        if gf is not None:
+            gf._register_hook_dict(t)
+        d = t._backward_hooks
+    hid = _Handle.next_id
+    _Handle.next_id = hid + 1
+    d[hid] = hook
 
 
 def _alias_inputs(args: tuple, kwargs: dict, skip_first: bool) -> Tuple[tuple, dict, list]:

@@ -217,7 +217,7 @@ class _Weak:
 
 
 def _weaken(v: Any) -> Any:
-    if _is_tensor(v):
+    if isinstance(v, _TENSOR or _tensor_type()):
         try:
             return _Weak(weakref.ref(v))
         except TypeError:
@@ -239,13 +239,12 @@ def _strong(v: Any) -> Any:
     return v
 
 
-def _is_tensor(v: Any) -> bool:
+def _tensor_type() -> Any:
     global _TENSOR
-    if _TENSOR is None:
-        import torch
+    import torch
 
-        _TENSOR = torch.Tensor
-    return isinstance(v, _TENSOR)
+    _TENSOR = torch.Tensor
+    return _TENSOR
 
 
 _TENSOR: Any = None
@@ -260,14 +259,17 @@ def extract_stack(frame: Any, limit: int = 30) -> List[list]:
     """Frames from ``frame`` outwards (innermost first), skipping this package's own frames.
 
     The same chain of frames gives the same (shared, not to be modified) list object, so sinks can
-    cache its encoding by ``id``.
+    cache its encoding by ``id``. The chain is looked up by code object and instruction offset
+    (``f_lasti``: cheap to read, unlike ``f_lineno``, which decodes the line table); line numbers
+    are computed only for a chain not seen before.
     """
     ids = []  # ints hash fast; the code objects stay alive as keys of _FRAME_CACHE
+    append = ids.append
     f = frame
     n = 0
     while f is not None and n < limit:
-        ids.append(id(f.f_code))
-        ids.append(f.f_lineno)
+        append(id(f.f_code))
+        append(f.f_lasti)
         f = f.f_back
         n += 1
     key = tuple(ids)

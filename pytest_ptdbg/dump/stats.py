@@ -156,8 +156,28 @@ def _nonfinite(x: torch.Tensor, dname: str, shape: Tuple[int, ...], n: int, mx_v
     return TensorStats(dname, shape, [mx_v, mn_v, mean, l2], int(nan), int(inf))
 
 
+_SCALARS: dict = {}
+
+
 def scalar_stats(v: Any) -> Optional[TensorStats]:
-    """A Python number as ptdbg records it: the value four times (None for non-numbers)."""
+    """A Python number as ptdbg records it: the value four times (None for non-numbers).
+
+    The same number gives the same (shared, immutable) object, so its record text is cached too.
+    """
+    tv = type(v)
+    if tv is int or tv is bool or (tv is float and v != 0.0):  # -0.0 == 0.0: not a cache key
+        key = (tv, v)
+        st = _SCALARS.get(key)
+        if st is None:
+            st = _scalar_stats(v)
+            if len(_SCALARS) >= 4096:
+                _SCALARS.clear()
+            _SCALARS[key] = st
+        return st
+    return _scalar_stats(v)
+
+
+def _scalar_stats(v: Any) -> Optional[TensorStats]:
     if isinstance(v, bool):
         return TensorStats("bool", (), [v, v, v, v], 0, 0)
     if isinstance(v, int):
@@ -193,10 +213,12 @@ class StatsCache:
     object over the same memory (e.g. the gradient autograd hands to the next hook, or ``p.grad``)
     hits too. A hit needs the tensor first measured to be still alive (checked through a weak
     reference: its memory cannot have been reused) and the shared version counter unchanged, so an
-    in-place change never returns stale numbers.
+    in-place change never returns stale numbers. When ``size`` entries are reached, the entries
+    that can no longer hit are dropped first, so the parameters stay cached from one step to the
+    next even in models with thousands of API calls per step.
     """
 
-    def __init__(self, size: int = 1024, keep_recent: int = 4) -> None:
+    def __init__(self, size: int = 4096, keep_recent: int = 4) -> None:
         self.size = size
         self._d: dict = {}
         # the last few measured tensors are held strongly: autograd passes a gradient on to the
@@ -223,7 +245,7 @@ class StatsCache:
         if t.numel() == 0 or t.is_sparse:
             return
         if len(self._d) >= self.size:
-            self._d.clear()
+            self._prune()
         try:
             ref = weakref.ref(t)
         except TypeError:
@@ -243,14 +265,28 @@ class StatsCache:
         st = tensor_stats(t)
         d = self._d
         if len(d) >= self.size:
-            d.clear()
+            self._prune()
         d[key] = (weakref.ref(t), t._version, st, None)
         self._recent.append(t)
         return st, key
 
     def stats(self, t: torch.Tensor) -> TensorStats:
         """Cached statistics of ``t``, computing them on a miss."""
-        return self._lookup(t)[0]
+        if t.is_sparse or t.numel() == 0:
+            return tensor_stats(t)
+        key = (t.data_ptr(), t.dtype, t.shape, t.stride(), None if t.is_cpu else t.device)
+        d = self._d
+        e = d.get(key)
+        if e is not None and e[1] == t._version and (e[0]() is not None or _owns_grad(e[3], key)):
+            self.hits += 1
+            return e[2]
+        self.misses += 1
+        st = tensor_stats(t)
+        if len(d) >= self.size:
+            self._prune()
+        d[key] = (weakref.ref(t), t._version, st, None)
+        self._recent.append(t)
+        return st
 
     def grad_stats(self, grad: torch.Tensor, leaf: Any) -> TensorStats:
         """Statistics of a gradient produced for the leaf tensor ``leaf`` (a parameter).
@@ -277,6 +313,16 @@ class StatsCache:
         if t.numel() and not t.is_sparse:
             self._d[_data_key(t)] = (weakref.ref(t), t._version, st, None)
         return st
+
+    def _prune(self) -> None:
+        """Full: forget the entries that can no longer hit (tensor and owning leaf gone); when
+        most entries are still valid, forget everything."""
+        d = self._d
+        dead = [k for k, e in d.items() if e[0]() is None and (e[3] is None or e[3]() is None)]
+        for k in dead:
+            del d[k]
+        if len(d) >= self.size * 3 // 4:
+            d.clear()
 
     def clear(self) -> None:
         self._d.clear()

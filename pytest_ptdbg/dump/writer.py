@@ -5,8 +5,11 @@ step, or already at the previous ``debugger.step()``) it *replaces an existing r
 atomically*: the old directory is renamed aside (``rank0.old-<pid>-<ns>``), a fresh one is created,
 then the old one is deleted, so a dump never mixes files of two runs. This runs on a background
 thread (directory creation is slow on some filesystems); lines produced meanwhile wait in memory.
-Lines go out whole through one ``os.write`` on an ``O_APPEND`` descriptor (one write per API
-forward, one per batch of at most 16 gradient lines), so a SIGKILL leaves complete lines.
+Lines go out whole through one ``os.write`` on an ``O_APPEND`` descriptor: an API's forward lines
+(with any gradient lines waiting) when the API returns, gradient lines in batches of at most 16
+otherwise, and everything before every ``Distributed``/``NPU`` call (a hang in a collective leaves
+what came before it on disk) and at ``stop()``/``step()``. A SIGKILL leaves complete lines and loses
+at most the last few gradient lines.
 Full-tensor dumps use :class:`AsyncRankWriter`: tensor snapshots and lines are written in order
 by one I/O thread, so every line on disk names ``.npy`` files that exist.
 
@@ -378,6 +381,8 @@ _INF = float("inf")
 
 #: ``json.dumps(obj, separators=(", ", ": "))`` without building an encoder per call
 _ENCODE = json.JSONEncoder(separators=(", ", ": ")).encode
+#: id(frames) -> (frames, JSON text) for the shared frame lists of ``capture.sink.extract_stack``
+_STACK_JSON: Dict[int, Tuple[list, str]] = {}
 _BODIES: Dict[int, Tuple[TensorStats, str]] = {}
 
 
@@ -419,7 +424,7 @@ def record_line(key: str, st: TensorStats, rg: Optional[bool], ctx: str, npy: Op
 _OPAQUE_TYPES = ("Distributed", "NPU")
 #: the state of a call whose forward is done and whose backward is awaited
 _BWD_ONLY = (True, True, None, None)
-#: backward lines are written in batches of at most this many (and before any forward line)
+#: gradient lines are written in batches of at most this many (see the module docstring)
 _PENDING_MAX = 16
 
 
@@ -447,7 +452,7 @@ class DumpSink(Sink):
         self.apis_forward = 0
         self.apis_backward = 0
         self._bw_started: set = set()
-        self._stack_json: dict = {}
+        self._stack_json = _STACK_JSON  # shared by every step's sink: stacks repeat step after step
         self._pending: List[str] = []  # backward lines not yet written (see on_backward)
         sel = self.selector
         # decisions that do not depend on the call, made once
@@ -510,6 +515,8 @@ class DumpSink(Sink):
 
     # -- sink protocol -----------------------------------------------------------------------
     def start_call(self, call: ApiCall) -> bool:
+        if self._pending and call.api_type in _OPAQUE_TYPES:
+            self._write_pending()  # a collective may hang: what came before it is on disk
         if self._every_call:
             fwd = bwd = True
         else:
@@ -553,11 +560,9 @@ class DumpSink(Sink):
         if self.with_stack:
             lines.append(self._stack_line(api, call.stack))
         if lines:
-            if self._pending:
-                lines[:0] = self._pending
-                self._pending = []
-            self.writer.write("".join(lines))
+            self._pending += lines
             self.apis_forward += 1
+            self._write_pending()  # an API's forward lines reach the disk when it returns
         if bwd:
             call.state[self] = _BWD_ONLY
         else:
