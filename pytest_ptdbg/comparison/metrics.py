@@ -29,7 +29,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-CHUNK = 1 << 17
+CHUNK = 1 << 16
 THOUSANDTH = 0.001
 FIVE_THOUSANDTHS = 0.005
 _F64_EPS = float(np.finfo(np.float64).eps)
