@@ -30,6 +30,24 @@ GB/s), i.e. unchanged within the machine's noise: reading both record files take
 the old and the new resolver alike. Resolving every record with ``records.safe_data_path``
 (two ``realpath`` calls each, as an earlier reader did) costs ~85 ms per side of this dump.
 The replay check does not run here (the noise-only pair has no root-cause suspect).
+
+Profiled 2026-11-29 14:00 (cProfile on the 871 distinct pairs, 1 thread): the kernel, not I/O,
+was the cost: reading all files takes 0.15 s (9 GB/s), the compare 1.13 s. Half of the big
+tensors are ReLU/dropout outputs whose bench side is ~50 % zeros; the boolean-indexed write of
+ptdbg's eps denominator (``r[b == 0] = d / eps``) cost 13-15 ns per element there (branch
+misses) against ~3 ns elsewhere. Now the denominator is fixed branch-free (y += eps * (y == 0),
+bit-identical), the sliced dot products run as one batched matmul call per block, and blocks
+are 4 chunks (values still summed per 32K-element chunk, so every metric is bit-identical to
+before: checked on all 871 pairs and 300 random arrays with zeros/NaN/Inf/tolerances). Same-run
+A/B (old metrics.py via PYTHONPATH), 3 alternating runs each, medians of 3 reps: compare()
+1.24-1.48 s = 0.94-1.12 GB/s before, 0.88-0.99 s = 1.39-1.57 GB/s after; build_table
+1.12-1.33 -> 1.70-1.99 GB/s; peak RSS 137 -> 145 MiB
+(per-thread block buffers). compare() minus build_table (reading the record files, CSV 36 ms,
+HTML 46 ms, advisor) is ~0.18 s. Why a second worker gives ~1.0-1.1x: per-op thread scaling
+on 32K-element arrays (two threads vs one) is 1.5-1.9x for the ufuncs (subtract, abs, divide,
+max) but ~1.0x for numpy's BLAS dot/matmul, the float32 -> float64 ``copyto`` and
+``count_nonzero``, which hold the GIL; two processes scale 2x. On this shared 2-core machine the
+second core is rarely free anyway.
 """
 from __future__ import annotations
 

@@ -120,6 +120,24 @@ def test_chunked_equals_plain_numpy(tmp_path):
     assert (s.cosine, s.max_abs_err, s.max_rel_err, s.one_thousandth, s.rel_l2) == pytest.approx(ref, rel=1e-9)
 
 
+def test_block_size_does_not_change_values(monkeypatch):
+    """Sums are added per CHUNK in order, so reading BLOCK elements at a time changes no bit."""
+    rng = np.random.default_rng(1)
+    size = 2 * M.BLOCK + 3 * M.CHUNK + 77
+    b = rng.standard_normal(size).astype(np.float32)
+    b[rng.random(size) < 0.5] = 0                     # half-zero bench (ReLU-like): eps denominators
+    n = (b + 1e-4 * rng.standard_normal(size)).astype(np.float32)
+    n[M.BLOCK + 9] = b[M.BLOCK + 9] = np.inf          # same-place Inf in the second block
+    ref = _reference(np.delete(n, M.BLOCK + 9), np.delete(b, M.BLOCK + 9), float(np.finfo(np.float32).eps))
+    big = M.compare_arrays(n, b, tol=(1e-5, 1e-3))
+    monkeypatch.setattr(M, "BLOCK", M.CHUNK)
+    small = M.compare_arrays(n, b, tol=(1e-5, 1e-3))
+    assert big == small
+    assert big.npu_nonfinite == 1 and not big.nan_mismatch and big.compared == size - 1
+    got = (big.cosine, big.max_abs_err, big.max_rel_err, big.one_thousandth, big.rel_l2)
+    assert got == pytest.approx(ref, rel=1e-9)
+
+
 def test_summary_diffs():
     d = M.summary_diffs([3.0, -1.0, 0.5, 2.0], [2.0, -1.0, 0.25, "Nan"])
     assert d[:3] == (1.0, 0.0, 0.25) and math.isnan(d[3])

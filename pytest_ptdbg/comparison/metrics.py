@@ -15,10 +15,14 @@ Definitions (ptdbg's, ``n`` = NPU values, ``b`` = bench values, both flattened):
 - ``tol_fail``: with ``tol=(atol, rtol)``, the number of elements with |n − b| > atol + rtol·|b|
   (the ``torch.testing.assert_close`` test), used by the dtype-aware verdict.
 
-Speed: arrays are processed in chunks of :data:`CHUNK` elements through preallocated float64
-buffers (per thread), the sums use BLAS dot products, NaN/Inf handling only runs for chunks whose
-sums are not finite, and ``.npy`` files are streamed (:class:`~pytest_ptdbg.dump.npy.NpyStream`),
-so memory stays at a few chunks whatever the tensor size.
+Speed: arrays are processed in blocks of :data:`BLOCK` elements through preallocated float64
+buffers (per thread); sums of squares are BLAS dot products over DOT_SLICE slices, added per
+:data:`CHUNK` in order, so every value is independent of BLOCK. NaN/Inf handling only runs for
+chunks whose sums are not finite; b == 0 gets its eps denominator branch-free; ``.npy`` files are
+streamed (:class:`~pytest_ptdbg.dump.npy.NpyStream`), so memory stays at a few blocks whatever
+the tensor size. Threads: numpy holds the GIL in the BLAS dot, the float32 -> float64 copy and
+``count_nonzero``, so a second worker thread gains little (measured per op in
+benchmarks/bench_compare.py's notes).
 """
 from __future__ import annotations
 
@@ -29,7 +33,11 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-CHUNK = 1 << 16
+#: the summation unit: sums of squares are taken per CHUNK elements (as slices of DOT_SLICE) and
+#: added to the totals chunk by chunk, in order, so the results do not depend on BLOCK
+CHUNK = 1 << 15
+#: elements read and processed per numpy call (a multiple of CHUNK): fewer, larger calls
+BLOCK = 4 * CHUNK
 THOUSANDTH = 0.001
 FIVE_THOUSANDTHS = 0.005
 _F64_EPS = float(np.finfo(np.float64).eps)
@@ -87,18 +95,18 @@ class _Acc:
 
 class _Work(threading.local):
     def __init__(self) -> None:
-        self.x = np.empty(CHUNK)
-        self.y = np.empty(CHUNK)
-        self.d = np.empty(CHUNK)
-        self.r = np.empty(CHUNK)
-        self.m = np.empty(CHUNK, dtype=bool)
+        self.x = np.empty(BLOCK)
+        self.y = np.empty(BLOCK)
+        self.d = np.empty(BLOCK)
+        self.r = np.empty(BLOCK)
+        self.m = np.empty(BLOCK, dtype=bool)
         self.raw = {}
 
     def raw_buf(self, dtype: np.dtype, slot: int) -> np.ndarray:
         key = (dtype.str, slot)
         buf = self.raw.get(key)
         if buf is None:
-            buf = self.raw[key] = np.empty(CHUNK, dtype=dtype)
+            buf = self.raw[key] = np.empty(BLOCK, dtype=dtype)
         return buf
 
 
@@ -108,16 +116,34 @@ _WORK = _Work()
 #: OpenBLAS runs a dot product on several threads above 10000 elements; on a busy 2-core machine
 #: those threads cost far more than they give, so sums are taken over slices of this many elements.
 DOT_SLICE = 8192
+_PER_CHUNK = CHUNK // DOT_SLICE
 
 
-def _dot(a: np.ndarray, b: np.ndarray) -> float:
+def _dots(a: np.ndarray, b: np.ndarray) -> list:
+    """a·b per CHUNK of elements (the last one may be short), each summed over DOT_SLICE slices in order."""
     n = len(a)
     if n <= DOT_SLICE:
-        return float(np.dot(a, b))
-    s = 0.0
-    for i in range(0, n, DOT_SLICE):
-        s += float(np.dot(a[i:i + DOT_SLICE], b[i:i + DOT_SLICE]))
-    return s
+        return [float(np.dot(a, b))]
+    # One batched call: (m,1,S) @ (m,S,1) runs one BLAS dot of DOT_SLICE elements per slice (below
+    # the threading threshold); the slice results are then added in order per CHUNK, exactly as a
+    # Python loop over slices would, without ~2 us of Python per slice.
+    q = n - n % DOT_SLICE
+    vals = np.matmul(a[:q].reshape(-1, 1, DOT_SLICE), b[:q].reshape(-1, DOT_SLICE, 1)).ravel().tolist()
+    if q < n:
+        vals.append(float(np.dot(a[q:], b[q:])))
+    out = []
+    for i in range(0, len(vals), _PER_CHUNK):
+        s = 0.0
+        for v in vals[i:i + _PER_CHUNK]:
+            s += v
+        out.append(s)
+    return out
+
+
+def _add(total: float, parts: list) -> float:
+    for v in parts:
+        total += v
+    return total
 
 
 _maxr = np.maximum.reduce
@@ -125,16 +151,17 @@ _minr = np.minimum.reduce
 
 
 def _finite_chunk(acc: _Acc, x, y, d, r, m, eps: float, tol, nn=None, bb=None) -> None:
-    """Accumulate a chunk known (or assumed) to be finite. ``y`` is overwritten.
+    """Accumulate a block known (or assumed) to be finite. ``y`` is overwritten.
 
+    ``nn``/``bb``: the per-CHUNK sums of squares (:func:`_dots`) when already known.
     Call under ``np.errstate(divide="ignore", invalid="ignore")``.
     """
     k = len(x)
     acc.cnt += k
-    acc.nn += _dot(x, x) if nn is None else nn
-    acc.bb += _dot(y, y) if bb is None else bb
+    acc.nn = _add(acc.nn, _dots(x, x) if nn is None else nn)
+    acc.bb = _add(acc.bb, _dots(y, y) if bb is None else bb)
     np.subtract(x, y, out=d)
-    acc.dd += _dot(d, d)
+    acc.dd = _add(acc.dd, _dots(d, d))
     np.abs(d, out=d)
     mabs = float(_maxr(d))
     if mabs > acc.mabs:
@@ -172,12 +199,23 @@ def _finite_chunk(acc: _Acc, x, y, d, r, m, eps: float, tol, nn=None, bb=None) -
 
 
 def _chunk(acc: _Acc, x, y, d, r, m, eps: float, tol) -> None:
+    """Accumulate a block of at most BLOCK elements (CHUNK by CHUNK where it holds NaN/Inf)."""
+    nn = _dots(x, x)
+    bb = _dots(y, y)
+    if all(p + q < math.inf for p, q in zip(nn, bb)):  # fast path: every value finite
+        acc.size += len(x)
+        _finite_chunk(acc, x, y, d, r, m, eps, tol, nn, bb)
+        return
+    for j, i in enumerate(range(0, len(x), CHUNK)):
+        e = i + CHUNK
+        _small_chunk(acc, x[i:e], y[i:e], d[i:e], r[i:e], m[i:e], eps, tol, nn[j], bb[j])
+
+
+def _small_chunk(acc: _Acc, x, y, d, r, m, eps: float, tol, nn: float, bb: float) -> None:
     k = len(x)
     acc.size += k
-    nn = _dot(x, x)
-    bb = _dot(y, y)
-    if nn + bb < math.inf:  # fast path: every value finite
-        _finite_chunk(acc, x, y, d, r, m, eps, tol, nn, bb)
+    if nn + bb < math.inf:
+        _finite_chunk(acc, x, y, d, r, m, eps, tol, [nn], [bb])
         return
     fx = np.isfinite(x)
     fy = np.isfinite(y)
@@ -218,7 +256,7 @@ def _run(acc: _Acc, src_n, src_b, size: int, eps: float, tol) -> None:
 def _loop(acc, src_n, src_b, size, eps, tol, x, y, d, r, m, is_arr_n, is_arr_b, raw_n, raw_b) -> None:
     pos = 0
     while pos < size:
-        k = min(CHUNK, size - pos)
+        k = min(BLOCK, size - pos)
         xv, yv = x[:k], y[:k]
         if is_arr_n:
             np.copyto(xv, src_n[pos:pos + k], casting="unsafe")
