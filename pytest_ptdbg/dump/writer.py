@@ -103,16 +103,7 @@ def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
 
 def save_npy(path: str, t: torch.Tensor) -> None:
     """Write ``t`` as a ``.npy`` file (header + raw bytes, no pickle)."""
-    arr = tensor_to_numpy(t)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, _npy_header(arr))
-        mv = memoryview(arr).cast("B") if arr.size else b""
-        while len(mv):
-            n = os.write(fd, mv)
-            mv = mv[n:]
-    finally:
-        os.close(fd)
+    _write_npy_array(path, tensor_to_numpy(t))
 
 
 class RankWriter:
@@ -238,6 +229,7 @@ def _data_key(t: torch.Tensor) -> Any:
 
 
 def _write_npy_array(path: str, arr: np.ndarray) -> None:
+    """Header + raw bytes of a C-contiguous array, through plain ``os.write`` calls."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, _npy_header(arr))
