@@ -159,6 +159,15 @@ def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``ptdbg``; returns the exit status."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # output piped into ``head`` and the like: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cmd = argv[0] if argv and not argv[0].startswith("-") else None
     if cmd is not None and cmd in SUBCOMMANDS and SUBCOMMANDS[cmd][1] == "main":

@@ -93,3 +93,13 @@ def test_step_folder_names_the_steps_when_ambiguous(tmp_path):
     with pytest.raises(ValueError, match="step0, step1"):
         cli.step_folder(str(tmp_path / "d"))
     assert cli.step_folder(str(records.step_dir(str(tmp_path / "d"), 1))).endswith("step1")
+
+
+def test_output_into_a_closed_pipe_stops_quietly(pair):
+    pkl = os.path.join(records.rank_dir(str(pair / "npu"), 0, 0), "api_stack_dump.pkl")
+    code = ("import sys; from pytest_ptdbg.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "parse", pkl, "Functional"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader went away before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and "BrokenPipeError" not in err and "Traceback" not in err
