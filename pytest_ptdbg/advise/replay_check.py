@@ -88,12 +88,14 @@ def _err(a: np.ndarray, b: np.ndarray, a_dtype: str, b_dtype: str) -> float:
     return max(vals) if vals else 0.0
 
 
-def _fmt(x: float) -> str:
+def fmt_error(x: Optional[float], inf_text: str = "inf (NaN/Inf differ)") -> str:
+    """An error for the advice text: ``1.23e-04``, ``n/a`` when unknown, ``inf_text`` when infinite."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
     if math.isinf(x):
-        return "inf (NaN/Inf differ)"
+        return inf_text
     return f"{x:.2e}"
+
 
 
 # ------------------------------------------------------------------------------------- packages
@@ -273,7 +275,7 @@ def _decide(v: ReplayVerdict) -> None:
     oracle = ""
     if not math.isnan(v.oracle_error):
         oracle = (f" Against a float64 oracle on the same inputs the device's result is off by "
-                  f"{_fmt(v.oracle_error)}, the bench's by {_fmt(v.bench_oracle_error)}.")
+                  f"{fmt_error(v.oracle_error)}, the bench's by {fmt_error(v.bench_oracle_error)}.")
     if math.isinf(own):
         v.verdict = "own"
         v.reason = (f"{where}, the bench gets no NaN/Inf where the device did (or the other way round): "
@@ -282,21 +284,21 @@ def _decide(v: ReplayVerdict) -> None:
     big = own > NOISE and (math.isnan(obs) or own >= OWN_SHARE * obs)
     if big:
         v.verdict = "own"
-        share = f" ({own / obs:.0%} of the {_fmt(obs)} observed between the runs)" if obs and not math.isnan(obs) and obs > 0 else ""
-        v.reason = (f"{where}, the result still differs from the device's by {_fmt(own)}{share}: "
+        share = f" ({own / obs:.0%} of the {fmt_error(obs)} observed between the runs)" if obs and not math.isnan(obs) and obs > 0 else ""
+        v.reason = (f"{where}, the result still differs from the device's by {fmt_error(own)}{share}: "
                     f"the API itself is imprecise on the device, not merely its inputs.{oracle}")
     else:
         v.verdict = "inherited"
         amp = v.amplification
         if not math.isnan(amp) and amp >= AMPLIFIES:
-            how = (f"it amplifies the {_fmt(v.input_error)} difference of its inputs about {amp:.3g} times "
+            how = (f"it amplifies the {fmt_error(v.input_error)} difference of its inputs about {amp:.3g} times "
                    f"(an op badly conditioned for these inputs)")
         elif not math.isnan(amp):
-            how = f"it passes on the {_fmt(v.input_error)} difference of its inputs"
+            how = f"it passes on the {fmt_error(v.input_error)} difference of its inputs"
         else:
             how = "it passes on a difference of its inputs"
-        v.reason = (f"{where}, the bench computes the device's result to within {_fmt(own)}: the API "
-                    f"is accurate here; the {_fmt(obs)} difference between the runs is inherited, "
+        v.reason = (f"{where}, the bench computes the device's result to within {fmt_error(own)}: the API "
+                    f"is accurate here; the {fmt_error(obs)} difference between the runs is inherited, "
                     f"{how}. Look upstream.{oracle}")
 
 

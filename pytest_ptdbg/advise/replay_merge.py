@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, List, Optional, Sequence
 
+from pytest_ptdbg.advise.replay_check import fmt_error
+
 #: suspects re-run by default
 TOP = 3
 #: an "inherited" verdict is clear when the API's error on identical inputs is below this share
@@ -81,11 +83,7 @@ def run_replay_check(advice: Any, npu_dump: Any, bench_dump: Any, bench_device: 
 
 
 def _e(x: float) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if math.isinf(x):
-        return "NaN/Inf"
-    return f"{x:.2e}"
+    return fmt_error(x, inf_text="NaN/Inf")
 
 
 def clearly_inherited(v: Any) -> bool:
