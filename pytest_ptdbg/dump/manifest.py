@@ -1,0 +1,151 @@
+"""The completeness manifest: a small JSON file beside each rank's ``.pkl``.
+
+For ``{rank_dir}/{mode}_dump.pkl`` it is ``{rank_dir}/{mode}_dump.manifest.json``::
+
+    {"format": "pytest-ptdbg-manifest", "version": 1, "pkl": "api_stack_dump.pkl",
+     "records": 1083, "complete": true, "reason": null}
+
+``records`` is the number of complete lines the ``.pkl`` held when the manifest was written (at every
+``stop()`` and ``step()``, after the step's pending lines and ``.npy`` files reached the disk).
+``complete`` is false when the dump stopped early (a full disk, a write error); ``reason`` says why.
+It is a separate file, not a line of the ``.pkl``, so ptdbg and msprobe readers are unaffected.
+
+The rule compare applies (:func:`judge_completeness`): a dump written by this project (its records
+carry the 7th ``extra`` element, or a manifest exists) is complete only when its manifest exists,
+says ``complete`` and counts exactly the complete lines found. Dumps written by ptdbg or msprobe
+have no manifest: their completeness is unknown, which is noted, not failed.
+
+No torch here: the compare path imports this module.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "MANIFEST_VERSION",
+    "Completeness",
+    "manifest_path",
+    "manifest_text",
+    "write_manifest",
+    "read_manifest",
+    "judge_completeness",
+]
+
+MANIFEST_FORMAT = "pytest-ptdbg-manifest"
+MANIFEST_VERSION = 1
+_SUFFIX = ".manifest.json"
+_MAX_BYTES = 64 * 1024
+
+
+def manifest_path(pkl_path: str) -> str:
+    """``.../api_stack_dump.pkl`` -> ``.../api_stack_dump.manifest.json``."""
+    base = pkl_path[:-4] if pkl_path.endswith(".pkl") else pkl_path
+    return base + _SUFFIX
+
+
+def manifest_text(pkl_name: str, records: int, complete: bool = True, reason: Optional[str] = None) -> str:
+    """The manifest's JSON text (one line, newline-terminated)."""
+    doc = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "pkl": pkl_name,
+        "records": int(records),
+        "complete": bool(complete),
+        "reason": reason,
+    }
+    return json.dumps(doc) + "\n"
+
+
+def write_manifest(pkl_path: str, records: int, complete: bool = True, reason: Optional[str] = None) -> str:
+    """Write the manifest of ``pkl_path`` atomically (temporary file + ``os.replace``); its path.
+
+    Raises OSError when the disk refuses; callers inside a user's step must catch it.
+    """
+    path = manifest_path(pkl_path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    data = manifest_text(os.path.basename(pkl_path), records, complete, reason).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(pkl_path: str) -> Optional[Dict[str, Any]]:
+    """The manifest of ``pkl_path`` as a dict, or None when there is none.
+
+    Raises ValueError naming the file when it exists but is not a valid manifest.
+    """
+    path = manifest_path(pkl_path)
+    if not os.path.lexists(path):
+        return None
+    import stat
+
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path}: the manifest is not a regular file")
+    if st.st_size > _MAX_BYTES:
+        raise ValueError(f"{path}: the manifest is {st.st_size} bytes, larger than any manifest")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{path}: the manifest is not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{path}: not a {MANIFEST_FORMAT} file")
+    records = doc.get("records")
+    if type(records) is not int or records < 0:
+        raise ValueError(f"{path}: field 'records' must be a non-negative integer, got {records!r}")
+    if not isinstance(doc.get("complete"), bool):
+        raise ValueError(f"{path}: field 'complete' must be true or false, got {doc.get('complete')!r}")
+    return doc
+
+
+@dataclass(frozen=True)
+class Completeness:
+    """Whether a dump is whole: ``status`` is ``complete``, ``incomplete`` or ``unknown``."""
+
+    status: str
+    message: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "incomplete"
+
+
+def judge_completeness(pkl_path: str, complete_lines: int, ours: bool) -> Completeness:
+    """Apply the manifest rule to a ``.pkl`` holding ``complete_lines`` whole lines.
+
+    ``ours``: the records carry this project's ``extra`` element (ptdbg and msprobe dumps do not).
+    """
+    try:
+        doc = read_manifest(pkl_path)
+    except (OSError, ValueError) as exc:
+        return Completeness("incomplete", f"{exc}; the dump's completeness cannot be established")
+    if doc is None:
+        if not ours:
+            return Completeness("unknown", f"{pkl_path}: no manifest (not written by pytest-ptdbg): completeness unknown")
+        return Completeness(
+            "incomplete",
+            f"{pkl_path}: no manifest {os.path.basename(manifest_path(pkl_path))}: the dump was not closed "
+            "with stop() or step() (the run may have been killed) and may be cut short",
+        )
+    if not doc["complete"]:
+        why = doc.get("reason") or "no reason recorded"
+        return Completeness("incomplete", f"{pkl_path}: the dump stopped early: {why}")
+    if doc["records"] != complete_lines:
+        return Completeness(
+            "incomplete",
+            f"{pkl_path}: the manifest counts {doc['records']} records but the file holds {complete_lines} "
+            "complete lines: the dump was cut short or written to after it was closed",
+        )
+    return Completeness("complete")
