@@ -11,6 +11,7 @@ Dropout (``tiny_gpt``, ``bench_transformer``) draws from the global RNG: seed it
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
@@ -280,8 +281,20 @@ class LSTMClassifier(_LossModel):
         self.head = nn.Linear(hidden, n_classes)
 
     def output(self, x: torch.Tensor) -> torch.Tensor:
-        out, _ = self.lstm(x)
+        with _lstm_backend(x):
+            out, _ = self.lstm(x)
         return self.head(out[:, -1])
+
+
+def _lstm_backend(x: torch.Tensor) -> Any:
+    """oneDNN's LSTM has no bf16 kernel on CPUs without bf16 instructions (some AMD EPYC): there
+    PyTorch raises "could not create a primitive descriptor" under bf16 autocast. Use PyTorch's
+    own LSTM kernel for bf16 on such CPUs; everything else keeps the default backend."""
+    lower = x.dtype == torch.bfloat16 or (
+        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+    if x.device.type == "cpu" and lower and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return torch.backends.mkldnn.flags(enabled=False)
+    return contextlib.nullcontext()
 
 
 def lstm(seed: int = 0, batch_size: int = 8, seq_len: int = 12, d_in: int = 8,
