@@ -56,6 +56,7 @@ class RankLock:
     def __init__(self, path: str, fd: int) -> None:
         self.path = path
         self._finalizer = weakref.finalize(self, _release, fd, path, os.getpid())
+        self._finalizer.atexit = False  # at exit the debugger releases it after its last manifest
 
     def release(self) -> None:
         """Delete the lock file and close it (idempotent)."""

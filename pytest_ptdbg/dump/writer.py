@@ -228,7 +228,10 @@ class RankWriter:
     def _activate(self) -> None:
         if not self._active:
             self._active = True
-            self._prep = _background().submit(self._make)
+            try:
+                self._prep = _background().submit(self._make)
+            except RuntimeError:  # interpreter shutdown: ``_open`` prepares it here and now
+                self._prep = None
 
     def _open(self) -> int:
         if self._prep is not None:
@@ -432,8 +435,9 @@ class AsyncRankWriter(RankWriter):
     def _submit(self, nbytes: int, fn: Any, path: Optional[str], *args: Any) -> None:
         try:
             self._tasks.append((_background().submit(self._run, fn, path, *args), nbytes))
-        except Exception as e:  # noqa: BLE001 - e.g. the executor is shut down at exit
-            self._fail(e, path)
+        except RuntimeError:  # interpreter shutdown (the thread is gone, its queue done): here
+            self._run(fn, path, *args)
+            nbytes = 0
         self._pending += nbytes
         tasks = self._tasks
         while tasks and (tasks[0][0].done() or self._pending > ASYNC_LIMIT_BYTES):
