@@ -116,6 +116,8 @@ def save_npy(path: str, t: torch.Tensor) -> None:
     _write_npy_array(path, tensor_to_numpy(t))
 
 
+_NOT_CLOSED = ("not closed by stop() or step(): the run ended or was killed while the dump was being "
+               "written")
 #: dump roots (``dump_path``) whose failure was already reported in this process: one warning each
 _WARNED: set = set()
 
@@ -190,15 +192,25 @@ class RankWriter:
 
     # -- failures ---------------------------------------------------------------------------
     def _fail(self, exc: BaseException, path: Optional[str] = None) -> None:
-        """Stop the dump (any thread); the old manifest goes at once, so that no earlier
-        ``complete: true`` can vouch for what is now on disk."""
+        """Stop the dump (any thread). The manifest says so at once, rewritten in place (a full
+        disk has no room for a new file, but the truncated old one frees its own); if even that
+        fails it is deleted, so that no earlier ``complete: true`` vouches for what is on disk."""
         if self.failure is not None:
             return
         self.failure = _describe(exc, path)
+        mpath = manifest.manifest_path(self.pkl_path)
+        text = manifest.manifest_text(os.path.basename(self.pkl_path), self.lines, False, self.failure)
         try:
-            os.unlink(manifest.manifest_path(self.pkl_path))
+            fd = os.open(mpath, os.O_WRONLY | os.O_TRUNC)  # only the existing one
+            try:
+                _write_all(fd, text.encode())
+            finally:
+                os.close(fd)
         except OSError:
-            pass
+            try:
+                os.unlink(mpath)
+            except OSError:
+                pass
 
     def _report(self) -> None:
         """Warn (in the caller's thread) about a failure, once."""
@@ -220,6 +232,9 @@ class RankWriter:
         replace_dir(self.rank_dir)
         if self.with_data:
             os.makedirs(self.data_dir, exist_ok=True)
+        # until the first stop() the manifest says "not closed"; it also reserves the manifest's
+        # room, so that a disk filled later can still be told the dump stopped (see _fail)
+        manifest.write_manifest(self.pkl_path, 0, False, _NOT_CLOSED)
         return os.open(self.pkl_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def prepare(self) -> None:

@@ -172,13 +172,16 @@ def test_real_full_tmpfs(tmp_path):
         assert_bit_identical(reference, got)
         ours = our_warnings(caught)
         assert len(ours) == 1 and "No space left on device" in str(ours[0].message)
-        verdicts = []
+        verdicts, docs = [], []
         for step in range(6):
             rank_dir = records.rank_dir(str(disk / "dump"), step, 0)
-            n = consistent_lines(rank_dir)
-            verdicts.append(judge_completeness(os.path.join(rank_dir, "api_stack_dump.pkl"), n, ours=True))
+            pkl = os.path.join(rank_dir, "api_stack_dump.pkl")
+            verdicts.append(judge_completeness(pkl, consistent_lines(rank_dir), ours=True))
+            docs.append(read_manifest(pkl) if os.path.isdir(rank_dir) else None)
         assert verdicts[0].status == "complete"  # the first step fits
         assert verdicts[-1].failed
+        # the step that hit the full disk says so: its manifest was rewritten in place
+        assert any(d and d["complete"] is False and "ENOSPC" in d["reason"] for d in docs), docs
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
@@ -352,6 +355,7 @@ def test_manifest_marks_each_closed_dump_complete(tmp_path):
     model, batch = mlp(seed=0)
     dbg.start()
     loss = model.loss(batch)
+    assert judge_completeness(pkl, consistent_lines(rank_dir), ours=True).failed  # not closed yet
     dbg.stop()
     n1 = consistent_lines(rank_dir)
     assert n1 > 0 and read_manifest(pkl) == {**read_manifest(pkl), "records": n1, "complete": True}
