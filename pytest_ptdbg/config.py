@@ -57,8 +57,8 @@ def validate_hook_name(hook_name: Any) -> str:
 
 
 def validate_steps(step: Any, param: str = "step") -> Optional[List[int]]:
-    """None (every step) or a list of distinct non-negative ints."""
-    if step is None:
+    """None (every step) or a list of distinct non-negative ints; ``[]`` means every step, as in ptdbg."""
+    if step is None or (isinstance(step, (list, tuple)) and len(step) == 0):
         return None
     if isinstance(step, (list, tuple)) and all(type(s) is int and s >= 0 for s in step):
         return sorted(set(step))
@@ -66,7 +66,8 @@ def validate_steps(step: Any, param: str = "step") -> Optional[List[int]]:
 
 
 def validate_rank(rank: Any) -> Optional[List[int]]:
-    if rank is None:
+    """None (every rank) or a list of distinct non-negative ints; ``[]`` means every rank, as ``step=[]``."""
+    if rank is None or (isinstance(rank, (list, tuple)) and len(rank) == 0):
         return None
     if type(rank) is int and rank >= 0:
         return [rank]

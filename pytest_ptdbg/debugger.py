@@ -9,12 +9,20 @@
 
 Also a context manager (``with debugger: ...``). As in v4, ``PrecisionDebugger.start()`` /
 ``.stop()`` / ``.step()`` also work on the class (they act on the last debugger created).
-Files: ``{dump_path}/ptdbg_dump_v4.0/step{N}/rank{R}/{mode}_dump.pkl`` (+ ``{mode}_dump/*.npy``);
-an existing ``rank{R}`` directory is replaced atomically at the first write of a step.
+Files: ``{dump_path}/ptdbg_dump_v4.0/step{N}/rank{R}/{mode}_dump.pkl`` (+ ``{mode}_dump/*.npy``
+and the completeness manifest ``{mode}_dump.manifest.json``, rewritten at every ``stop()`` and at
+the end of the step); an existing ``rank{R}`` directory is replaced atomically at the first record
+of a step. One writer per dump path, step and rank: ``start()`` takes ``step{N}/rank{R}.lock``
+(``dump/lock.py``) and raises :class:`~pytest_ptdbg.dump.lock.DumpPathInUseError` (a RuntimeError)
+when another process or debugger holds it; the lock goes when the step's dump is closed.
+Nothing else raises into the user's code: a write error stops the dump with one warning.
 """
 from __future__ import annotations
 
 import atexit
+import logging
+import os
+import warnings
 import weakref
 from typing import Any, List, Optional
 
@@ -57,8 +65,8 @@ class PrecisionDebugger:
     Args:
         dump_path: root directory of the dump (created; must be writable).
         hook_name: ``"dump"`` or ``"overflow_check"``.
-        rank: None (every rank), an int or a list of ranks to dump.
-        step: list of steps to dump (non-negative ints; None: every step). Outside them nothing
+        rank: None or [] (every rank), an int or a list of ranks to dump.
+        step: list of steps to dump (non-negative ints; None or []: every step). Outside them nothing
             is recorded; past the last one the debugger stays off.
         enable_dataloader, model: accepted for ptdbg compatibility (``enable_dataloader=True`` is
             not supported).
@@ -87,6 +95,9 @@ class PrecisionDebugger:
         self._sinks: List[Any] = []
         self._sink_step: Optional[int] = None
         self._started = False
+        self._lock: Any = None  # the RankLock of the open step's dump
+        self._pid = os.getpid()
+        self._warned = False
         #: rank directories this debugger wrote into, in order
         self.rank_dirs: List[str] = []
         _LAST = weakref.ref(self)
@@ -156,7 +167,14 @@ class PrecisionDebugger:
                 raise RuntimeError("another PrecisionDebugger is started in this process: stop() it first")
         if self._sink_step != self.current_step or not self._sinks:
             self._close_sinks()
-            self._sinks = self._make_sinks(rank)
+            from pytest_ptdbg.dump.lock import acquire_rank_lock
+
+            self._lock = acquire_rank_lock(self._rank_dir(rank))  # raises when another writer holds it
+            try:
+                self._sinks = self._make_sinks(rank)
+            except BaseException:
+                self._release_lock()
+                raise
             self._sink_step = self.current_step
         if self._engine is None:
             self._engine = CaptureEngine()
@@ -172,7 +190,11 @@ class PrecisionDebugger:
         self._engine.stop()
         self._started = False
         for s in self._sinks:
-            s.flush()
+            try:
+                s.flush()  # the dump writer writes the manifest here; it never raises
+            except Exception as e:  # noqa: BLE001 - never into the user's step
+                self._warn(f"pytest-ptdbg: {type(s).__name__}.flush() failed ({type(e).__name__}: {e}); "
+                           "the dump of this step may be incomplete")
 
     @_hybrid
     def step(self) -> None:
@@ -183,18 +205,36 @@ class PrecisionDebugger:
         self.current_step += 1
         if self._engine is not None:
             self._engine.reset_step()
-            # open the next step's dump now: its directory is prepared while the user's code runs
-            if self._step_active() and self.config.hook_name == "dump" and self.config.mode != "acl":
-                rank = current_rank()
-                if self.config.rank is None or rank in self.config.rank:
-                    self._sinks = self._make_sinks(rank)
-                    self._sink_step = self.current_step
+        # the next step's dump opens at its first start(), and its directory at its first record:
+        # a step this run never records is never touched
 
     def _close_sinks(self) -> None:
         sinks, self._sinks = self._sinks, []
         self._sink_step = None
-        for s in sinks:
-            s.close()
+        try:
+            for s in sinks:
+                try:
+                    s.close()  # the dump writer writes the manifest here; it never raises
+                except Exception as e:  # noqa: BLE001 - never into the user's step
+                    self._warn(f"pytest-ptdbg: {type(s).__name__}.close() failed ({type(e).__name__}: {e}); "
+                               "the dump of this step may be incomplete")
+        finally:
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
+    def _warn(self, message: str) -> None:
+        """One warning per debugger, never raised (even under ``-W error``)."""
+        if self._warned:
+            return
+        self._warned = True
+        try:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        except Exception:  # noqa: BLE001
+            logging.getLogger("pytest_ptdbg").warning(message)
 
     def close(self) -> None:
         """Stop and release every file (also done at interpreter exit)."""
@@ -230,6 +270,8 @@ def _import_sink(module: str, name: str, what: str) -> Any:
 @atexit.register
 def _close_all() -> None:  # pragma: no cover - interpreter exit
     for d in list(_ALL):
+        if d._pid != os.getpid():  # a forked child's copy: the parent owns the files and the lock
+            continue
         try:
             d.close()
         except Exception:

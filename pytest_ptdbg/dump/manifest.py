@@ -70,12 +70,19 @@ def write_manifest(pkl_path: str, records: int, complete: bool = True, reason: O
     data = manifest_text(os.path.basename(pkl_path), records, complete, reason).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)  # no half-written temporary left beside the dump
+        except OSError:
+            pass
+        raise
     return path
 
 

@@ -1,29 +1,35 @@
 """Writing a dump: ``{mode}_dump.pkl`` lines and ``{mode}_dump/*.npy`` files of one rank and step.
 
-:class:`RankWriter` owns the files. When a step's dump is opened (the first ``start()`` of the
-step, or already at the previous ``debugger.step()``) it *replaces an existing rank directory
-atomically*: the old directory is renamed aside (``rank0.old-<pid>-<ns>``), a fresh one is created,
-then the old one is deleted, so a dump never mixes files of two runs. This runs on a background
-thread (directory creation is slow on some filesystems); lines produced meanwhile wait in memory.
+:class:`RankWriter` owns the files. When a step writes its first record it *replaces an existing
+rank directory atomically*: the old directory is renamed aside (``rank0.old-<pid>-<ns>``), a fresh
+one is created, then the old one is deleted, so a dump never mixes files of two runs, and a step
+this run never records is never touched. This runs on a background thread (directory creation is
+slow on some filesystems); lines produced meanwhile wait in memory.
 Lines go out whole through one ``os.write`` on an ``O_APPEND`` descriptor: an API's forward lines
 (with any gradient lines waiting) when the API returns, gradient lines in batches of at most 16
 otherwise, and everything before every ``Distributed``/``NPU`` call (a hang in a collective leaves
 what came before it on disk) and at ``stop()``/``step()``. A SIGKILL leaves complete lines and loses
 at most the last few gradient lines.
 Full-tensor dumps use :class:`AsyncRankWriter`: tensor snapshots and lines are written in order
-by one I/O thread, so every line on disk names ``.npy`` files that exist.
+by one I/O thread, so every line on disk names ``.npy`` files that exist and are whole.
+At every ``stop()`` and at the end of the step, once all of it is on disk, the writer writes the
+completeness manifest (``dump/manifest.py``). A write error never reaches the user's code: the
+dump stops, one warning is issued, and the manifest says ``complete: false`` (see RankWriter).
 
 :class:`DumpSink` is the capture sink (``capture/sink.py``) that turns calls into records.
 """
 from __future__ import annotations
 
 import collections
+import errno
 import io
 import json
+import logging
 import os
 import shutil
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -33,7 +39,7 @@ import torch
 from pytest_ptdbg.capture.call_spec import encode_call_json
 from pytest_ptdbg.capture.select import Selector, filtered_out
 from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.dump import manifest, records
 from pytest_ptdbg.dump.stats import SHARED_CACHE, TensorStats, scalar_stats
 
 __all__ = ["RankWriter", "AsyncRankWriter", "DumpSink", "save_npy", "replace_dir"]
@@ -44,6 +50,7 @@ _NUMPY_DTYPES = frozenset((
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
 ))
 _HEADERS: Dict[Tuple[str, Tuple[int, ...], bool], bytes] = {}
+_LOG = logging.getLogger("pytest_ptdbg")
 
 
 _BG: Any = None
@@ -63,12 +70,15 @@ def _background() -> Any:
 
 
 def replace_dir(path: str) -> None:
-    """Make ``path`` a fresh empty directory; an existing one is renamed aside, then deleted."""
+    """Make ``path`` a fresh empty directory; an existing one is renamed aside, then deleted
+    (deleted even when the new directory cannot be made: old files never pass for new ones)."""
     if os.path.lexists(path):
         aside = f"{path}.old-{os.getpid()}-{time.monotonic_ns()}"
         os.rename(path, aside)
-        os.makedirs(path)
-        shutil.rmtree(aside, ignore_errors=True)
+        try:
+            os.makedirs(path)
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
     else:
         os.makedirs(path)
 
@@ -106,12 +116,61 @@ def save_npy(path: str, t: torch.Tensor) -> None:
     _write_npy_array(path, tensor_to_numpy(t))
 
 
+_NOT_CLOSED = ("not closed by stop() or step(): the run ended or was killed while the dump was being "
+               "written")
+#: dump roots (``dump_path``) whose failure was already reported in this process: one warning each
+_WARNED: set = set()
+
+
+def _describe(exc: BaseException, path: Optional[str]) -> str:
+    """``write error on <path>: [Errno 28] No space left on device`` (the manifest's ``reason``)."""
+    if isinstance(exc, OSError):
+        code = errno.errorcode.get(exc.errno or 0, "")
+        what = f"[Errno {exc.errno}{' ' + code if code else ''}] {exc.strerror or exc}"
+        where = exc.filename or path
+    else:
+        what = f"{type(exc).__name__}: {exc}"
+        where = path
+    return f"write error on {where}: {what}" if where else f"write error: {what}"
+
+
+def _warn_once(root: str, message: str) -> None:
+    """One warning per dump path and process; never raises (even under ``-W error``)."""
+    if root in _WARNED:
+        return
+    _WARNED.add(root)
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+    except Exception:
+        _LOG.warning(message)
+
+
+def _write_all(fd: int, data: bytes) -> int:
+    """Write ``data`` fully; on an error raise it with ``written`` (bytes that did go out) attached."""
+    view = memoryview(data)
+    done = 0
+    try:
+        while done < len(data):
+            done += os.write(fd, view[done:])
+    except OSError as e:
+        e.written = done  # type: ignore[attr-defined]
+        raise
+    return done
+
+
 class RankWriter:
     """The files of one rank in one step.
 
-    The directory is prepared (an existing one replaced, see :func:`replace_dir`) in a background
-    thread started by :meth:`prepare`, so that slow directory creation overlaps the training step;
-    the first write waits for it. A step that wrote nothing leaves no directory behind.
+    Nothing on disk is touched before the first record: the first :meth:`write` or :meth:`save`
+    replaces an existing rank directory (see :func:`replace_dir`) in a background thread (slow on
+    some filesystems; lines wait in memory meanwhile), so a step that records nothing leaves an
+    earlier run's files alone. :meth:`flush` (``stop()``) and :meth:`close` (end of the step) write
+    the completeness manifest (``dump/manifest.py``) once every line and file is on disk.
+
+    No method raises: the first write error (full disk, permission, vanished directory, anything
+    else) stops this step's dump, removes a stale manifest, truncates a half-written line, warns
+    once per dump path and process, and the manifest then says ``complete: false`` with the reason.
+    ``failure`` holds that reason (None while all is well).
     """
 
     def __init__(self, rank_dir: str, mode: str, with_data: bool) -> None:
@@ -122,22 +181,72 @@ class RankWriter:
         self._fd: Optional[int] = None
         self._prep: Any = None  # a Future of the pkl's file descriptor
         self._early: List[str] = []
-        self.bytes = 0
+        self.bytes = 0  # bytes of the .pkl on disk (the file starts empty)
+        self.lines = 0  # complete lines of the .pkl on disk
         self.npy_files = 0
         self.npy_bytes = 0
         self._saved: Dict[int, Tuple[Any, int, str]] = {}
+        self.failure: Optional[str] = None
+        self._active = False  # the rank directory is (being) replaced: this step writes into it
+        self._reported = False
 
+    # -- failures ---------------------------------------------------------------------------
+    def _fail(self, exc: BaseException, path: Optional[str] = None) -> None:
+        """Stop the dump (any thread). The manifest says so at once, rewritten in place (a full
+        disk has no room for a new file, but the truncated old one frees its own); if even that
+        fails it is deleted, so that no earlier ``complete: true`` vouches for what is on disk."""
+        if self.failure is not None:
+            return
+        self.failure = _describe(exc, path)
+        mpath = manifest.manifest_path(self.pkl_path)
+        text = manifest.manifest_text(os.path.basename(self.pkl_path), self.lines, False, self.failure)
+        try:
+            fd = os.open(mpath, os.O_WRONLY | os.O_TRUNC)  # only the existing one
+            try:
+                _write_all(fd, text.encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            try:
+                os.unlink(mpath)
+            except OSError:
+                pass
+
+    def _report(self) -> None:
+        """Warn (in the caller's thread) about a failure, once."""
+        if self.failure is not None and not self._reported:
+            self._reported = True
+            root = os.path.dirname(os.path.dirname(os.path.dirname(self.rank_dir)))
+            _warn_once(root, (
+                f"pytest-ptdbg: the dump stopped: {self.failure}. Training goes on; this step's dump "
+                f"({self.rank_dir}) is marked incomplete and compare will fail it"))
+
+    @property
+    def failed(self) -> bool:
+        """True once the dump stopped on an error."""
+        return self.failure is not None
+
+    # -- files ------------------------------------------------------------------------------
     def _make(self) -> int:
         os.makedirs(os.path.dirname(self.rank_dir), exist_ok=True)
         replace_dir(self.rank_dir)
         if self.with_data:
             os.makedirs(self.data_dir, exist_ok=True)
+        # until the first stop() the manifest says "not closed"; it also reserves the manifest's
+        # room, so that a disk filled later can still be told the dump stopped (see _fail)
+        manifest.write_manifest(self.pkl_path, 0, False, _NOT_CLOSED)
         return os.open(self.pkl_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def prepare(self) -> None:
-        """Start preparing the directory in the background (idempotent)."""
-        if self._prep is None and self._fd is None:
-            self._prep = _background().submit(self._make)
+        """Kept for callers: nothing happens before the first record (see the class docstring)."""
+
+    def _activate(self) -> None:
+        if not self._active:
+            self._active = True
+            try:
+                self._prep = _background().submit(self._make)
+            except RuntimeError:  # interpreter shutdown: ``_open`` prepares it here and now
+                self._prep = None
 
     def _open(self) -> int:
         if self._prep is not None:
@@ -147,11 +256,42 @@ class RankWriter:
             self._fd = self._make()
         return self._fd
 
+    def _append(self, fd: int, data: bytes) -> None:
+        """Append whole lines; a line cut by an error is truncated away (when the disk allows)."""
+        try:
+            _write_all(fd, data)
+        except OSError as e:
+            done = getattr(e, "written", 0)
+            if done:
+                try:
+                    os.ftruncate(fd, self.bytes)
+                except OSError:
+                    self.bytes += done
+                    self.lines += data.count(b"\n", 0, done)
+            raise
+        self.bytes += len(data)
+        self.lines += data.count(b"\n")
+
     def flush(self) -> None:
-        """Write the lines held while the directory was being prepared (waits for it)."""
+        """Write what waits, then the manifest (``stop()``: the dump so far is complete)."""
+        if self._active and self.failure is None and self._fd is None:
+            try:
+                self._open()  # waits for the directory
+            except Exception as e:  # noqa: BLE001 - never into the user's step
+                self._early = []
+                self._fail(e, self.rank_dir)
         if self._early:
-            self._open()
             self.write("")
+        self._write_manifest()
+
+    def _write_manifest(self) -> None:
+        if not self._active:
+            return
+        try:
+            manifest.write_manifest(self.pkl_path, self.lines, self.failure is None, self.failure)
+        except Exception as e:  # noqa: BLE001 - a missing manifest already makes compare fail
+            self._fail(e, manifest.manifest_path(self.pkl_path))
+        self._report()
 
     @property
     def opened(self) -> bool:
@@ -160,38 +300,51 @@ class RankWriter:
     def write(self, text: str) -> None:
         """Append complete lines with a single ``os.write`` (held in memory, briefly, while the
         directory is still being prepared in the background)."""
-        fd = self._fd
-        if fd is None:
-            prep = self._prep
-            if prep is not None and not prep.done():
-                self._early.append(text)
-                return
-            fd = self._open()
-        if self._early:
-            text = "".join(self._early) + text
+        if self.failure is not None:
+            return
+        try:
+            fd = self._fd
+            if fd is None:
+                self._activate()
+                prep = self._prep
+                if prep is not None and not prep.done():
+                    self._early.append(text)
+                    return
+                fd = self._open()
+            if self._early:
+                text = "".join(self._early) + text
+                self._early = []
+            if text:
+                self._append(fd, text.encode("utf-8"))
+        except Exception as e:  # noqa: BLE001 - never into the user's step
             self._early = []
-        data = text.encode("utf-8")
-        n = os.write(fd, data)
-        while n < len(data):  # pragma: no cover - regular files write fully
-            n += os.write(fd, data[n:])
-        self.bytes += len(data)
+            self._fail(e, self.pkl_path)
+            self._report()
 
     def save(self, key: str, t: torch.Tensor, link: bool = True) -> str:
         """Save ``t`` as ``{key}.npy``; an unchanged tensor saved before becomes a hard link
         (unless ``link`` is False: data changed without a version bump)."""
-        if self._fd is None:
-            self._open()
         name = records.data_file_name(key)
+        if self.failure is not None:
+            return name  # the line naming it is never written
         path = os.path.join(self.data_dir, name)
-        e = self._saved.get(id(t)) if link else None
-        if e is not None and e[0]() is t and e[1] == t._version:
-            try:
-                os.link(e[2], path)
-                self.npy_files += 1
-                return name
-            except OSError:
-                pass
-        save_npy(path, t)
+        try:
+            if self._fd is None:
+                self._activate()
+                self._open()
+            e = self._saved.get(id(t)) if link else None
+            if e is not None and e[0]() is t and e[1] == t._version:
+                try:
+                    os.link(e[2], path)
+                    self.npy_files += 1
+                    return name
+                except OSError:
+                    pass
+            save_npy(path, t)
+        except Exception as exc:  # noqa: BLE001 - never into the user's step
+            self._fail(exc, path)
+            self._report()
+            return name
         self.npy_files += 1
         self.npy_bytes += t.numel() * (4 if t.dtype == torch.bfloat16 else t.element_size())
         if len(self._saved) > 4096:
@@ -203,18 +356,16 @@ class RankWriter:
         return name
 
     def close(self) -> None:
-        """Close the files; a directory prepared but never written to is removed again."""
-        if self._early:
-            self.flush()
-        if self._prep is not None or self._fd is not None:
+        """Write what waits and the manifest, close the files; a directory prepared but never
+        written to is removed again."""
+        self.flush()
+        if self._fd is not None:
             try:
-                self._open()
+                os.close(self._fd)
             except OSError:
                 pass
-        if self._fd is not None:
-            os.close(self._fd)
             self._fd = None
-            if self.bytes == 0 and self.npy_files == 0:
+            if self.bytes == 0 and self.npy_files == 0 and self.failure is None:
                 _remove_empty(self.rank_dir, self.pkl_path, self.data_dir)
         self._saved.clear()
 
@@ -229,23 +380,35 @@ def _data_key(t: torch.Tensor) -> Any:
 
 
 def _write_npy_array(path: str, arr: np.ndarray) -> None:
-    """Header + raw bytes of a C-contiguous array, through plain ``os.write`` calls."""
+    """Header + raw bytes of a C-contiguous array, through plain ``os.write`` calls; a file cut
+    short by an error is deleted (no half-written ``.npy`` stays behind)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, _npy_header(arr))
-        mv = memoryview(arr).cast("B") if arr.size else b""
-        while len(mv):
-            n = os.write(fd, mv)
-            mv = mv[n:]
-    finally:
+        _write_all(fd, _npy_header(arr))
+        if arr.size:
+            _write_all(fd, memoryview(arr).cast("B"))
+    except BaseException:
         os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise
+    os.close(fd)
 
 
 def _link_or_copy(src: str, dst: str) -> None:
     try:
         os.link(src, dst)
     except OSError:
-        shutil.copyfile(src, dst)
+        try:
+            shutil.copyfile(src, dst)
+        except BaseException:
+            try:
+                os.unlink(dst)
+            except OSError:
+                pass
+            raise
 
 
 class AsyncRankWriter(RankWriter):
@@ -253,9 +416,11 @@ class AsyncRankWriter(RankWriter):
 
     ``save`` hands over a copy of the tensor (so later in-place changes cannot leak into the file)
     and returns at once; ``.pkl`` lines are queued behind the ``.npy`` files they name, so what is
-    on disk is always consistent: complete lines, each naming files that exist. A SIGKILL loses
-    only what was still queued. At most :data:`ASYNC_LIMIT_BYTES` of copies wait; beyond that
-    ``save`` waits for the thread. ``flush``/``close`` wait for everything.
+    on disk is always consistent: complete lines, each naming files that exist and are whole. A
+    SIGKILL loses only what was still queued. At most :data:`ASYNC_LIMIT_BYTES` of copies wait;
+    beyond that ``save`` waits for the thread. ``flush``/``close`` wait for everything.
+    An error on the thread stops the dump: every later task (the lines naming a file that failed
+    among them) is skipped; the caller's thread reports it (see :class:`RankWriter`).
     """
 
     def __init__(self, rank_dir: str, mode: str, with_data: bool) -> None:
@@ -263,52 +428,71 @@ class AsyncRankWriter(RankWriter):
         self._tasks: Any = collections.deque()
         self._pending = 0
         self._wfd: Optional[int] = None
-        self._started = False
         self._recent: Any = collections.deque(maxlen=4)
 
     def _make_async(self) -> None:
         self._wfd = self._make()
 
-    def prepare(self) -> None:
-        if not self._started:
-            self._started = True
-            self._submit(0, self._make_async)
+    def _activate(self) -> None:
+        if not self._active:
+            self._active = True
+            self._submit(0, self._make_async, self.rank_dir)
 
-    def _submit(self, nbytes: int, fn: Any, *args: Any) -> None:
-        self._tasks.append((_background().submit(fn, *args), nbytes))
+    def _run(self, fn: Any, path: Optional[str], *args: Any) -> None:
+        """One task on the I/O thread: skipped after a failure, never raises."""
+        if self.failure is not None:
+            return
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001
+            self._fail(e, path)
+
+    def _submit(self, nbytes: int, fn: Any, path: Optional[str], *args: Any) -> None:
+        try:
+            self._tasks.append((_background().submit(self._run, fn, path, *args), nbytes))
+        except RuntimeError:  # interpreter shutdown (the thread is gone, its queue done): here
+            self._run(fn, path, *args)
+            nbytes = 0
         self._pending += nbytes
         tasks = self._tasks
         while tasks and (tasks[0][0].done() or self._pending > ASYNC_LIMIT_BYTES):
             fut, nb = tasks.popleft()
             self._pending -= nb
-            fut.result()  # re-raises an I/O error here, in the caller's thread
+            fut.result()
+        if self.failure is not None:
+            self._report()
 
     def _write_task(self, data: bytes) -> None:
-        n = os.write(self._wfd, data)
-        while n < len(data):  # pragma: no cover
-            n += os.write(self._wfd, data[n:])
+        self._append(self._wfd, data)
 
     def write(self, text: str) -> None:
-        self.prepare()
-        data = text.encode("utf-8")
-        self.bytes += len(data)
-        self._submit(len(data), self._write_task, data)
+        if self.failure is not None or not text:
+            return
+        self._activate()
+        self._submit(len(text), self._write_task, self.pkl_path, text.encode("utf-8"))
 
     def save(self, key: str, t: torch.Tensor, link: bool = True) -> str:
-        self.prepare()
         name = records.data_file_name(key)
+        if self.failure is not None:
+            return name  # the line naming it is never written
+        self._activate()
         path = os.path.join(self.data_dir, name)
-        skey = _data_key(t)
-        e = self._saved.get(skey) if link else None
-        self.npy_files += 1
-        if e is not None and e[0]() is not None and e[1] == t._version:
-            self._submit(0, _link_or_copy, e[2], path)
+        try:
+            skey = _data_key(t)
+            e = self._saved.get(skey) if link else None
+            self.npy_files += 1
+            if e is not None and e[0]() is not None and e[1] == t._version:
+                self._submit(0, _link_or_copy, path, e[2], path)
+                return name
+            arr = tensor_to_numpy(t)
+            if t.device.type == "cpu" and arr.size and arr.__array_interface__["data"][0] == t.data_ptr():
+                arr = arr.copy()  # a snapshot: the tensor may change before the thread writes it
+        except Exception as exc:  # noqa: BLE001 - never into the user's step
+            self._fail(exc, path)
+            self._report()
             return name
-        arr = tensor_to_numpy(t)
-        if t.device.type == "cpu" and arr.size and arr.__array_interface__["data"][0] == t.data_ptr():
-            arr = arr.copy()  # a snapshot: the tensor may change before the thread writes it
         self.npy_bytes += arr.nbytes
-        self._submit(arr.nbytes, _write_npy_array, path, arr)
+        self._submit(arr.nbytes, _write_npy_array, path, path, arr)
         if len(self._saved) > 4096:
             self._saved.clear()
         try:
@@ -318,25 +502,30 @@ class AsyncRankWriter(RankWriter):
         self._recent.append(t)  # see StatsCache: the next hook sees this memory as a new view
         return name
 
-    def flush(self) -> None:
-        """Wait until everything queued is on disk."""
+    def _wait(self) -> None:
         tasks = self._tasks
         while tasks:
             fut, nb = tasks.popleft()
             self._pending -= nb
             fut.result()
 
+    def flush(self) -> None:
+        """Wait until everything queued is on disk, then write the manifest."""
+        self._wait()
+        self._write_manifest()
+
     def close(self) -> None:
-        try:
-            self.flush()
-        finally:
-            if self._wfd is not None:
+        self.flush()
+        if self._wfd is not None:
+            try:
                 os.close(self._wfd)
-                self._wfd = None
-                if self.bytes == 0 and self.npy_files == 0:
-                    _remove_empty(self.rank_dir, self.pkl_path, self.data_dir)
-            self._saved.clear()
-            self._recent.clear()
+            except OSError:
+                pass
+            self._wfd = None
+            if self.bytes == 0 and self.npy_files == 0 and self.failure is None:
+                _remove_empty(self.rank_dir, self.pkl_path, self.data_dir)
+        self._saved.clear()
+        self._recent.clear()
 
 
 def _remove_empty(rank_dir: str, pkl: str, data_dir: str) -> None:
@@ -345,6 +534,10 @@ def _remove_empty(rank_dir: str, pkl: str, data_dir: str) -> None:
             os.unlink(pkl)
         if os.path.isdir(data_dir) and not os.listdir(data_dir):
             os.rmdir(data_dir)
+        try:
+            os.unlink(manifest.manifest_path(pkl))
+        except FileNotFoundError:
+            pass
         os.rmdir(rank_dir)
         os.rmdir(os.path.dirname(rank_dir))  # the step directory, when no other rank is there
     except OSError:
@@ -507,6 +700,8 @@ class DumpSink(Sink):
 
     # -- sink protocol -----------------------------------------------------------------------
     def start_call(self, call: ApiCall) -> bool:
+        if self.writer.failure is not None:
+            return False  # the dump stopped on a write error (reported once by the writer)
         if self._pending and call.api_type in _OPAQUE_TYPES:
             self._write_pending()  # a collective may hang: what came before it is on disk
         if self._every_call:
