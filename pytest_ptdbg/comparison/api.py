@@ -64,11 +64,6 @@ def _timestamp() -> str:
     return outputs.timestamp()
 
 
-def _stem(tag: str = "") -> str:
-    """A fresh report stem, ``{tag_}{timestamp}_{4 hex}`` (see ``report/outputs.py``)."""
-    return outputs.new_stem(tag, _timestamp())
-
-
 def _load(input_param: Dict[str, Any], side: str, problems: List[str]) -> reader.Dump:
     key = f"{side}_pkl_path"
     path = input_param.get(key)
@@ -158,7 +153,8 @@ def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyz
     if auto_analyze:
         names["advisor"] = ("advisor", "txt")
     outputs.prepare_dir(output_path)
-    with outputs.ReportSet(output_path, names, tag, stem or _stem(tag)) as files:
+    ts = _timestamp()
+    with outputs.ReportSet(output_path, names, tag, stem or outputs.new_stem(tag, ts), ts) as files:
         csv_path = files.write("csv", csv_text(table, stack_mode))
         advice = advise(table)
         if replay is not None:
@@ -197,7 +193,8 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
     npu_ranks = dict(reader.rank_dirs(npu_step_dir))
     bench_ranks = dict(reader.rank_dirs(bench_step_dir))
     outputs.prepare_dir(output_path)
-    run_stem = _stem()
+    ts = _timestamp()
+    run_stem = outputs.new_stem("", ts)
     log = kwargs.pop("is_print_compare_log", True)
     results: Dict[Tuple[int, int], CompareResult] = {}
     errors: Dict[Tuple[int, int], str] = {}
@@ -251,7 +248,7 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
         s = results[first].first_suspect
         lines.append(f"First suspect (earliest in execution order): rank{first[0]}-rank{first[1]}: {s.api}")
     text = "\n".join(lines) + "\n"
-    with outputs.ReportSet(output_path, {"summary": ("distributed_summary", "txt")}, "", run_stem) as files:
+    with outputs.ReportSet(output_path, {"summary": ("distributed_summary", "txt")}, "", run_stem, ts) as files:
         spath = files.write("summary", text)
     if log:
         print(text, end="", flush=True)

@@ -73,19 +73,21 @@ class ReportSet:
     """The files of one compare, all created (empty) at once under one unused stem.
 
     ``names``: ``{key: (prefix, extension)}``, e.g. ``{"csv": ("compare_result", "csv")}`` gives
-    ``compare_result_{stem}.csv``. :meth:`write` fills the file of a key; :meth:`close` removes
+    ``compare_result_{stem}.csv``. ``stem`` is tried first; on a collision the set takes
+    ``new_stem(tag, ts)``. :meth:`write` fills the file of a key; :meth:`close` removes
     the files that were never written (after an error).
     """
 
     def __init__(self, folder: str, names: Dict[str, Tuple[str, str]], tag: str = "",
-                 stem: Optional[str] = None) -> None:
+                 stem: Optional[str] = None, ts: Optional[str] = None) -> None:
         self.folder = folder
         self.files: Dict[str, IO[str]] = {}
         self.paths: Dict[str, str] = {}
         self._written: set = set()
         last: Optional[OSError] = None
+        ts = ts or timestamp()
         for attempt in range(_ATTEMPTS):
-            self.stem = stem if (attempt == 0 and stem) else new_stem(tag)
+            self.stem = stem if (attempt == 0 and stem) else new_stem(tag, ts)
             try:
                 self._create_all(names)
                 return
