@@ -46,7 +46,12 @@ class CompareResult:
 
 @dataclass
 class DistributedResult:
-    """What :func:`compare_distributed` produced: one :class:`CompareResult` per rank pair."""
+    """What :func:`compare_distributed` produced: one :class:`CompareResult` per rank compared.
+
+    Keys are ``(N, N)`` (NPU rank N with bench rank N). ``errors``: ranks not compared (on one side
+    only, no ``.pkl``, unreadable), each with a message naming the rank and folder. ``passed``:
+    every rank of both sides compared and passed.
+    """
 
     results: Dict[Tuple[int, int], CompareResult]
     diverging: List[Tuple[int, int]]

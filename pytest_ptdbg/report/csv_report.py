@@ -1,4 +1,4 @@
-"""``compare_result_{timestamp}.csv``: exactly ptdbg's columns, one row per tensor pair.
+"""``compare_result_{stem}.csv``: exactly ptdbg's columns, one row per tensor pair.
 
 Full compare (tensors were compared)::
 
