@@ -105,7 +105,8 @@ def step_folder(path: str) -> str:
 
 
 def check_input(path: str) -> str:
-    """``path`` if it can hold a dump (an existing regular file or folder), else ValueError naming it.
+    """``path`` if it can hold a dump (a folder, or a ``.pkl`` / ``.json`` regular file), else an
+    error naming it: FileNotFoundError when missing, ValueError otherwise.
 
     Refuses devices, pipes and sockets (``/dev/null``) before anything reads them.
     """
@@ -117,6 +118,8 @@ def check_input(path: str) -> str:
         raise ValueError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         raise ValueError(f"{path}: not a dump (neither a file nor a folder)")
+    if stat.S_ISREG(mode) and not path.endswith((".pkl", ".json")):
+        raise ValueError(f"{path}: not a dump (expected a ptdbg .pkl, an msprobe dump.json or a dump folder)")
     return path
 
 

@@ -244,6 +244,15 @@ def test_cli_dev_null_as_a_dump_exits_2_naming_it(real, tmp_path):
     assert r.returncode == 2 and "/dev/null" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_cli_a_file_that_is_not_a_dump_exits_2_naming_it(real, tmp_path):
+    """A text file given as the NPU dump is not a dump: exit 2 naming it (not a compare that passes)."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("loss went up after the upgrade\n")
+    r = _run("compare", notes, real["b"], "-o", tmp_path / "out")
+    assert r.returncode == 2 and str(notes) in r.stderr and "Traceback" not in r.stderr
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_cli_parse_of_dev_null_exits_2_naming_it():
     """ptdbg parse /dev/null: exit 2 naming the file."""
     r = _run("parse", "/dev/null", "Functional")
