@@ -5,15 +5,29 @@ only when invoked, so ``ptdbg compare`` never imports torch. ``kind`` is ``"add_
 function adds its own subparser and sets ``func``) or ``"main"`` (the function takes the remaining
 argv and returns an exit status). A registered module that is missing is skipped.
 
-Exit status: 0 passed, 1 a precision problem was found, 2 bad input.
+Exit status (:data:`EXIT_STATUS`, printed by ``ptdbg --help``): 0 compared and agreed; 1 compared and
+found a precision problem, or the dumps hold unusable data (``passed`` is False); 2 the command could
+not run (bad arguments, a missing path or one that is not a dump, an unwritable output folder, an
+internal error). Errors are printed as one line naming the file.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import os
+import stat
 import sys
+import traceback
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+#: the exit statuses of every ``ptdbg`` command
+EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
+EXIT_STATUS = """exit status (compare, compare --distributed, parse, replay):
+  0  compared and agreed (parse: the records were found and read cleanly)
+  1  compared and found a precision problem, or the dumps hold unusable data
+     (incomplete dump, unreadable records or files, a rank missing on one side)
+  2  the command could not run: bad arguments, a path that does not exist or is
+     not a dump (e.g. /dev/null), an output folder that cannot be written"""
 
 #: name -> (target "module:function", kind, one-line help)
 SUBCOMMANDS: Dict[str, Tuple[str, str, str]] = {
@@ -46,7 +60,8 @@ def _resolve(target: str) -> Optional[Callable[..., Any]]:
 
 
 def add_compare_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("compare", help=SUBCOMMANDS["compare"][2],
+    p = sub.add_parser("compare", help=SUBCOMMANDS["compare"][2], epilog=EXIT_STATUS,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Compare an NPU (device under test) dump with a bench dump. A dump "
                                    "directory (dump_path, step or rank folder), a .pkl or an msprobe "
                                    "dump.json is enough: the records and tensors are found inside.")
@@ -80,12 +95,36 @@ def step_folder(path: str) -> str:
     if os.path.isdir(inner):
         path = inner
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"{path}: no such directory")
+        raise FileNotFoundError(f"{path}: no such directory" if not os.path.exists(path)
+                                else f"{path}: not a directory (--distributed needs a step folder or dump_path)")
     steps = sorted(e for e in os.listdir(path)
                    if re.fullmatch(r"step\d+", e) and os.path.isdir(os.path.join(path, e)))
     if len(steps) > 1:
         raise ValueError(f"{path}: several steps ({', '.join(steps)}); pass the step folder to compare")
     return os.path.join(path, steps[0]) if steps else path
+
+
+def check_input(path: str) -> str:
+    """``path`` if it can hold a dump (a folder, or a ``.pkl`` / ``.json`` regular file), else an
+    error naming it: FileNotFoundError when missing, ValueError otherwise.
+
+    Refuses devices, pipes and sockets (``/dev/null``) before anything reads them.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file or directory") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ValueError(f"{path}: not a dump (neither a file nor a folder)")
+    if stat.S_ISREG(mode) and not path.endswith((".pkl", ".json")):
+        raise ValueError(f"{path}: not a dump (expected a ptdbg .pkl, an msprobe dump.json or a dump folder)")
+    return path
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -94,6 +133,8 @@ def run_compare(args: argparse.Namespace) -> int:
     kw = dict(stack_mode=args.stack, fuzzy_match=args.fuzzy, rule=args.rule,
               replay_check=not args.no_replay)
     try:
+        for path in (args.npu, args.bench):
+            check_input(path)
         if args.distributed:
             if args.summary:
                 kw["summary_compare"] = True
@@ -101,7 +142,7 @@ def run_compare(args: argparse.Namespace) -> int:
                                       is_print_compare_log=not args.quiet, **kw)
             if args.quiet:
                 print(res.summary, end="")
-            return 0 if res.passed else 1
+            return EXIT_OK if res.passed else EXIT_FAILED
         param: Dict[str, Any] = {"npu_pkl_path": args.npu, "bench_pkl_path": args.bench,
                                  "is_print_compare_log": not args.quiet}
         if args.summary:
@@ -113,18 +154,22 @@ def run_compare(args: argparse.Namespace) -> int:
             for side in ("npu", "bench"):
                 param[f"{side}_dump_data_dir"] = locate(getattr(args, side)).data_dir or ""
         r = compare(param, args.output, **kw)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"ptdbg compare: error: {e}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as e:
+        print(f"ptdbg compare: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
     first = r.first_suspect
     state = "PASSED" if r.passed else "FAILED"
     who = f"; first suspect: {first.api}" if first is not None else ""
-    print(f"ptdbg compare: {state}: {len(r.table)} rows{who}; {r.csv_path}")
-    return 0 if r.passed else 1
+    why = f"; problem: {r.problems[0]}" if not r.passed and r.problems else ""
+    print(f"ptdbg compare: {state}: {len(r.table)} rows{who}{why}; {r.csv_path}")
+    return EXIT_OK if r.passed else EXIT_FAILED
 
 
 def add_parse_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("parse", help=SUBCOMMANDS["parse"][2])
+    p = sub.add_parser("parse", help=SUBCOMMANDS["parse"][2], epilog=EXIT_STATUS,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("pkl", help=".pkl, dump.json or dump folder")
     p.add_argument("api", help="API key prefix, e.g. Torch_batch_norm_1_forward")
     p.set_defaults(func=run_parse)
@@ -134,17 +179,22 @@ def add_parse_parser(sub: Any) -> argparse.ArgumentParser:
 def run_parse(args: argparse.Namespace) -> int:
     from pytest_ptdbg.parsing import parse
 
+    problems: list = []
     try:
-        found = parse(args.pkl, args.api)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"ptdbg parse: error: {e}", file=sys.stderr)
-        return 2
-    return 0 if found else 1
+        check_input(args.pkl)
+        found = parse(args.pkl, args.api, problems=problems)
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as e:
+        print(f"ptdbg parse: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK if found and not problems else EXIT_FAILED
 
 
 def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
     """The parser; with ``only``, import just that subcommand (others are listed, not imported)."""
-    parser = argparse.ArgumentParser(prog="ptdbg", description="pytest-ptdbg: dump, compare, replay.")
+    parser = argparse.ArgumentParser(prog="ptdbg", description="pytest-ptdbg: dump, compare, replay.",
+                                     epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (target, kind, help_) in SUBCOMMANDS.items():
         if only is not None and name == only and kind == "add_parser":
@@ -184,8 +234,15 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     func = getattr(args, "func", None)
     if func is None:
         print(f"ptdbg: the {args.command!r} command is not available in this installation", file=sys.stderr)
-        return 2
-    return int(func(args) or 0)
+        return EXIT_ERROR
+    try:
+        return int(func(args) or 0)
+    except (BrokenPipeError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # a bug, not a verdict: never exit 1 ("precision problem") for it
+        traceback.print_exc()
+        print(f"ptdbg {args.command}: internal error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":  # pragma: no cover

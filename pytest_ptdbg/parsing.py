@@ -11,17 +11,21 @@ def _fmt(v: Any) -> str:
     return "None" if v is None else str(v)
 
 
-def parse(pkl_path: str, api_prefix: str, file: Optional[TextIO] = None) -> List[Dict[str, Any]]:
+def parse(pkl_path: str, api_prefix: str, file: Optional[TextIO] = None,
+          problems: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     """Print, for every API whose key starts with ``api_prefix`` (or tensor record whose name does),
     its stack and ``[name][dtype][shape][max][min][mean]`` per tensor; return those records.
 
     ``pkl_path`` may be a ``.pkl``, an msprobe ``dump.json`` or a dump folder. Each returned dict has
-    ``name, api, dtype, shape, max, min, mean, l2norm, stack``.
+    ``name, api, dtype, shape, max, min, mean, l2norm, stack``. ``problems``: a list that receives
+    the dump's problems (also printed to stderr).
     """
     out = file or sys.stdout
     dump = reader.read_dump(pkl_path, data_dir="")
     for p in dump.problems:
         print(f"[ptdbg parse] problem: {p}", file=sys.stderr)
+    if problems is not None:
+        problems.extend(dump.problems)
     found: List[Dict[str, Any]] = []
     for api in dump.apis:
         tensors = api.tensors if api.key.startswith(api_prefix) else \

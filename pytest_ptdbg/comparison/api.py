@@ -21,6 +21,7 @@ import pandas as pd
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.table import build_table
 from pytest_ptdbg.dump import reader
+from pytest_ptdbg.report import outputs
 
 
 @dataclass
@@ -45,7 +46,12 @@ class CompareResult:
 
 @dataclass
 class DistributedResult:
-    """What :func:`compare_distributed` produced: one :class:`CompareResult` per rank pair."""
+    """What :func:`compare_distributed` produced: one :class:`CompareResult` per rank compared.
+
+    Keys are ``(N, N)`` (NPU rank N with bench rank N). ``errors``: ranks not compared (on one side
+    only, no ``.pkl``, unreadable), each with a message naming the rank and folder. ``passed``:
+    every rank of both sides compared and passed.
+    """
 
     results: Dict[Tuple[int, int], CompareResult]
     diverging: List[Tuple[int, int]]
@@ -60,16 +66,7 @@ class DistributedResult:
 
 
 def _timestamp() -> str:
-    return time.strftime("%Y%m%d%H%M%S", time.localtime())
-
-
-def _free_stem(output_path: str, stem: str) -> str:
-    """``stem``, or ``stem_2``, ``stem_3``... when a compare in the same second already used it."""
-    candidate, n = stem, 1
-    while os.path.exists(os.path.join(output_path, f"compare_result_{candidate}.csv")):
-        n += 1
-        candidate = f"{stem}_{n}"
-    return candidate
+    return outputs.timestamp()
 
 
 def _load(input_param: Dict[str, Any], side: str, problems: List[str]) -> reader.Dump:
@@ -95,12 +92,16 @@ def _load(input_param: Dict[str, Any], side: str, problems: List[str]) -> reader
 def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = False,
             auto_analyze: bool = True, fuzzy_match: bool = False, rule: str = "ptdbg",
             thresholds: Optional[V.Thresholds] = None, summary_compare: Optional[bool] = None,
-            replay_check: bool = True, replay_device: str = "cpu", _tag: str = "") -> CompareResult:
+            replay_check: bool = True, replay_device: str = "cpu", _tag: str = "",
+            _report_stem: str = "") -> CompareResult:
     """Compare an NPU dump with a bench dump (ptdbg's ``compare``), write the reports, return them.
 
-    Writes ``compare_result_{ts}.csv``, ``advisor_{ts}.txt`` (when ``auto_analyze``; the advice is
-    computed and returned in any case, for the HTML report) and
-    ``compare_result_{ts}.html`` into ``output_path``. ``rule``: ``"ptdbg"`` (default) or
+    Writes ``compare_result_{stem}.csv``, ``advisor_{stem}.txt`` (when ``auto_analyze``; the advice is
+    computed and returned in any case, for the HTML report) and ``compare_result_{stem}.html`` into
+    ``output_path``; ``stem`` is ``{timestamp}_{4 hex digits}``, new for each compare, and every file
+    is created exclusively (never over an existing file or link; see ``report/outputs.py``). An
+    output folder that cannot be created or written raises ``outputs.OutputError`` (an OSError)
+    before the dumps are read. ``rule``: ``"ptdbg"`` (default) or
     ``"dtype"`` (assert_close tolerances of the lower-precision side; see ``compare/verdict.py``).
     ``summary_compare``: force (True) or forbid (False) a statistics-only compare; default: when
     a side has no saved tensors. Problems with the input are listed in ``problems`` and the CSV.
@@ -116,6 +117,7 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
     for key in ("npu_pkl_path", "bench_pkl_path"):
         if not input_param.get(key):
             raise ValueError(f"compare: input_param lacks {key!r} (the {key[:-9].upper()} dump's .pkl or folder)")
+    outputs.prepare_dir(output_path)
     problems: List[str] = []
     npu = _load(input_param, "npu", problems)
     bench = _load(input_param, "bench", problems)
@@ -140,32 +142,33 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
     say(f"{len(table)} rows in {time.perf_counter() - t0:.2f} s")
     replay = (npu, bench, replay_device) if replay_check and not summary and npu.has_data and bench.has_data \
         else None
-    result = _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, _tag, replay)
+    result = _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, _tag, replay,
+                     stem=_report_stem)
     result.input_param = dict(input_param)
     return result
 
 
 def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyze: bool,
-            problems: List[str], summary: bool, say, tag: str, replay=None) -> CompareResult:
+            problems: List[str], summary: bool, say, tag: str, replay=None, stem: str = "") -> CompareResult:
     from pytest_ptdbg.advise.advisor import advise
-    from pytest_ptdbg.report.advisor_text import write_advisor
-    from pytest_ptdbg.report.csv_report import write_csv
-    from pytest_ptdbg.report.html_report import write_html
+    from pytest_ptdbg.report.csv_report import csv_text
+    from pytest_ptdbg.report.html_report import render_html
 
-    os.makedirs(output_path, exist_ok=True)
-    stem = _free_stem(output_path, f"{tag}_{_timestamp()}" if tag else _timestamp())
-    csv_path = write_csv(table, os.path.join(output_path, f"compare_result_{stem}.csv"), stack_mode)
-    advice = advise(table)
-    if replay is not None:
-        from pytest_ptdbg.advise.replay_merge import run_replay_check
-
-        npu, bench, device = replay
-        run_replay_check(advice, npu, bench, bench_device=device, problems=problems, say=say)
-    advisor_path = None
+    names = {"csv": ("compare_result", "csv"), "html": ("compare_result", "html")}
     if auto_analyze:
-        advisor_path = write_advisor(advice, os.path.join(output_path, f"advisor_{stem}.txt"))
-    html_path = write_html(table, advice, os.path.join(output_path, f"compare_result_{stem}.html"),
-                           title=f"ptdbg compare {tag}".strip())
+        names["advisor"] = ("advisor", "txt")
+    outputs.prepare_dir(output_path)
+    ts = _timestamp()
+    with outputs.ReportSet(output_path, names, tag, stem or outputs.new_stem(tag, ts), ts) as files:
+        csv_path = files.write("csv", csv_text(table, stack_mode))
+        advice = advise(table)
+        if replay is not None:
+            from pytest_ptdbg.advise.replay_merge import run_replay_check
+
+            npu, bench, device = replay
+            run_replay_check(advice, npu, bench, bench_device=device, problems=problems, say=say)
+        advisor_path = files.write("advisor", advice.text()) if auto_analyze else None
+        html_path = files.write("html", render_html(table, advice, title=f"ptdbg compare {tag}".strip()))
     passed = bool(table["_passed"].all()) if len(table) else True
     n_no = int((table["Accuracy Reached or Not"] == "No").sum()) if len(table) else 0
     say(f"{n_no} of {len(table)} rows fail the verdict; CSV: {csv_path}")
@@ -181,31 +184,43 @@ def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyz
 
 def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str,
                         **kwargs: Any) -> DistributedResult:
-    """Compare two step folders rank by rank (numeric order: rank2 before rank10).
+    """Compare two step folders rank by rank: NPU rank N with bench rank N (numeric order).
 
-    Both folders must hold only ``rank<N>`` folders, equally many (else ValueError naming the
-    difference). Writes ``compare_result_rank{n}-rank{b}_{ts}.csv`` (+ advisor, HTML) per pair and
-    ``distributed_summary_{ts}.txt``. ``kwargs`` go to :func:`compare` (``stack_mode``, ``rule``,
+    Both folders must hold only ``rank<N>`` folders (else ValueError; a missing folder:
+    FileNotFoundError). A rank on one side only, or one that cannot be compared (no ``.pkl``,
+    unreadable), is an error of that rank in ``errors[(N, N)]``, naming the rank and folder; the
+    other ranks are still compared, and the result does not pass. Writes
+    ``compare_result_rank{N}-rank{N}_{stem}.csv`` (+ advisor, HTML) per rank and
+    ``distributed_summary_{stem}.txt``, all with the run's ``{timestamp}_{hex}`` stem where free,
+    each file created exclusively. ``kwargs`` go to :func:`compare` (``stack_mode``, ``rule``,
     ``is_print_compare_log``, ...).
     """
-    npu_ranks = reader.rank_dirs(npu_step_dir)
-    bench_ranks = reader.rank_dirs(bench_step_dir)
-    if len(npu_ranks) != len(bench_ranks):
-        nn = [r for r, _ in npu_ranks]
-        bb = [r for r, _ in bench_ranks]
-        raise ValueError(
-            f"compare_distributed: {npu_step_dir} holds {len(nn)} ranks {nn} but {bench_step_dir} "
-            f"holds {len(bb)} ranks {bb}; only in NPU: {sorted(set(nn) - set(bb))}, "
-            f"only in bench: {sorted(set(bb) - set(nn))}")
+    npu_ranks = dict(reader.rank_dirs(npu_step_dir))
+    bench_ranks = dict(reader.rank_dirs(bench_step_dir))
+    outputs.prepare_dir(output_path)
+    ts = _timestamp()
+    run_stem = outputs.new_stem("", ts)
     log = kwargs.pop("is_print_compare_log", True)
     results: Dict[Tuple[int, int], CompareResult] = {}
     errors: Dict[Tuple[int, int], str] = {}
-    for (rn, pn), (rb, pb) in zip(npu_ranks, bench_ranks):
+    ranks = sorted(set(npu_ranks) | set(bench_ranks))
+    for rank in ranks:
+        pn, pb = npu_ranks.get(rank), bench_ranks.get(rank)
+        if pn is None or pb is None:
+            have, lack = ("NPU", "bench") if pb is None else ("bench", "NPU")
+            lack_dir = bench_step_dir if pb is None else npu_step_dir
+            errors[(rank, rank)] = (f"rank{rank} is only in the {have} dump ({pn or pb}); the {lack} step "
+                                    f"folder {lack_dir} has no rank{rank}")
+            continue
         param = {"npu_pkl_path": pn, "bench_pkl_path": pb, "is_print_compare_log": log}
+        tag = f"rank{rank}-rank{rank}"
         try:
-            results[(rn, rb)] = compare(param, output_path, _tag=f"rank{rn}-rank{rb}", **kwargs)
-        except (FileNotFoundError, ValueError) as e:  # one unreadable rank: the others go on
-            errors[(rn, rb)] = str(e)
+            results[(rank, rank)] = compare(param, output_path, _tag=tag,
+                                            _report_stem=f"{tag}_{run_stem}", **kwargs)
+        except outputs.OutputError:
+            raise
+        except (OSError, ValueError) as e:  # one rank that cannot be compared: the others go on
+            errors[(rank, rank)] = f"rank{rank} ({pn} vs {pb}): {e}"
     diverging = [k for k, r in results.items() if not r.passed]
     first, first_order = None, None
     for k in (diverging or list(results)):
@@ -215,27 +230,31 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
         order = getattr(s, "order", 0)
         if first_order is None or order < first_order:
             first, first_order = k, order
-    lines = [f"compare_distributed: {len(npu_ranks)} rank pair(s): "
-             + ", ".join(f"rank{a}-rank{b}" for (a, _), (b, _) in zip(npu_ranks, bench_ranks))]
+    lines = [f"compare_distributed: {len(ranks)} rank(s): NPU {sorted(npu_ranks)} ({npu_step_dir}), "
+             f"bench {sorted(bench_ranks)} ({bench_step_dir})"]
     for (a, b), r in results.items():
         s = r.first_suspect
         state = "diverges" if not r.passed else "agrees"
         who = f"; first suspect {s.api} ({s.kind})" if s is not None else ""
         lines.append(f"  rank{a}-rank{b}: {state}{who}; {os.path.basename(r.csv_path)}")
-    for (a, b), e in errors.items():
+        if not r.passed and r.problems:
+            lines.append(f"    problem: {r.problems[0]}")
+    for (a, b), e in sorted(errors.items()):
         lines.append(f"  rank{a}-rank{b}: not compared: {e}")
     if diverging:
         lines.append("Diverging ranks: " + ", ".join(f"rank{a}-rank{b}" for a, b in diverging))
-    else:
+    if errors:
+        lines.append("Ranks not compared: " + ", ".join(f"rank{a}" for a, _ in sorted(errors)))
+    if not diverging and not errors and results:
         lines.append("All ranks agree.")
+    else:
+        lines.append(f"FAILED: {len(results) - len(diverging)} of {len(ranks)} rank(s) compared and agree.")
     if first is not None:
         s = results[first].first_suspect
         lines.append(f"First suspect (earliest in execution order): rank{first[0]}-rank{first[1]}: {s.api}")
     text = "\n".join(lines) + "\n"
-    os.makedirs(output_path, exist_ok=True)
-    spath = os.path.join(output_path, f"distributed_summary_{_timestamp()}.txt")
-    with open(spath, "w", encoding="utf-8") as f:
-        f.write(text)
+    with outputs.ReportSet(output_path, {"summary": ("distributed_summary", "txt")}, "", run_stem, ts) as files:
+        spath = files.write("summary", text)
     if log:
         print(text, end="", flush=True)
     return DistributedResult(results, diverging, first, text, spath, errors)

@@ -1,12 +1,10 @@
-"""``advisor_{timestamp}.txt``: the advisor's findings as text (see ``Advice.text``)."""
+"""``advisor_{stem}.txt``: the advisor's findings as text (see ``Advice.text``)."""
 from __future__ import annotations
 
-import os
+from pytest_ptdbg.report.outputs import write_new
 
 
 def write_advisor(advice, path: str) -> str:
-    """Write ``advice.text()`` to ``path`` (creating its folder); returns ``path``."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(advice.text())
-    return path
+    """Write ``advice.text()`` to a new file ``path`` (creating its folder; never over an existing
+    file or link); returns ``path``."""
+    return write_new(path, advice.text())

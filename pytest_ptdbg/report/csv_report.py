@@ -1,4 +1,4 @@
-"""``compare_result_{timestamp}.csv``: exactly ptdbg's columns, one row per tensor pair.
+"""``compare_result_{stem}.csv``: exactly ptdbg's columns, one row per tensor pair.
 
 Full compare (tensors were compared)::
 
@@ -17,15 +17,20 @@ report say so beside the results.
 ``NPU_Stack_Info`` (``stack_mode=True``) is filled on the first row of each API and left empty
 on its other rows, on one line per cell (frames joined by `` | ``), so that the advisor's
 ``Line:`` is both the spreadsheet row and the text line of that row.
+
+Text cells that a spreadsheet would run as a formula (starting with ``= + - @``, a tab or a carriage
+return) are written with a leading ``'`` (OWASP's CSV-injection advice): a dump's names, dtypes and
+stacks are data, never formulas. Numbers, and text cells that read as a number (``-0.5``), are
+written unchanged. The file is created exclusively (:mod:`.outputs`).
 """
 from __future__ import annotations
 
-import os
 from typing import Any, List, Optional, Sequence
 
 import pandas as pd
 
 from pytest_ptdbg.advise.advice_text import as_frames
+from pytest_ptdbg.report.outputs import write_new
 
 BASE_COLUMNS = ["NPU Name", "Bench Name", "NPU Tensor Dtype", "Bench Tensor Dtype",
                 "NPU Tensor Shape", "Bench Tensor Shape"]
@@ -38,6 +43,8 @@ VERDICT_COLUMNS = ["Accuracy Reached or Not", "Err_message"]
 STACK_COLUMN = "NPU_Stack_Info"
 #: how a missing value (NaN) is written: ptdbg's "N/A" (pandas reads it back as NaN)
 NA = "N/A"
+#: first characters that make a spreadsheet cell a formula
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def is_summary(table: pd.DataFrame) -> bool:
@@ -60,8 +67,30 @@ def format_stack_cell(stack: Optional[Sequence[Any]]) -> str:
     return " | ".join(parts)
 
 
+def escape_formula(value: Any) -> Any:
+    """``value`` made safe for a spreadsheet: text starting like a formula gets a leading ``'``.
+
+    Anything but text, and text that reads as a number (``-0.5``, ``-inf``), is returned unchanged.
+    """
+    if not isinstance(value, str) or not value.startswith(FORMULA_START):
+        return value
+    try:
+        float(value)
+        return value
+    except ValueError:
+        return "'" + value
+
+
+def _escape_text_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    for col in frame.columns:
+        if not pd.api.types.is_numeric_dtype(frame[col]):
+            frame[col] = [escape_formula(v) for v in frame[col].tolist()]
+    return frame
+
+
 def csv_frame(table: pd.DataFrame, stack_mode: bool = False) -> pd.DataFrame:
-    """The table as it is written: ptdbg's columns only, in order (raises naming missing ones)."""
+    """The table as it is written: ptdbg's columns only, in order (raises naming missing ones),
+    formula-like text cells escaped."""
     cols = csv_columns(is_summary(table), False)
     missing = [c for c in cols if c not in table.columns]
     if missing:
@@ -80,13 +109,17 @@ def csv_frame(table: pd.DataFrame, stack_mode: bool = False) -> pd.DataFrame:
                         cells[i] = cell
                         seen.add(k)
         out[STACK_COLUMN] = cells
-    return out
+    return _escape_text_columns(out)
+
+
+def csv_text(table: pd.DataFrame, stack_mode: bool = False) -> str:
+    """The CSV file's text (see :func:`csv_frame`)."""
+    return csv_frame(table, stack_mode).to_csv(index=False, na_rep=NA, lineterminator="\n")
 
 
 def write_csv(table: pd.DataFrame, path: str, stack_mode: bool = False) -> str:
-    """Write the compare table to ``path`` with exactly ptdbg's columns; returns ``path``."""
-    frame = csv_frame(table, stack_mode)
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    frame.to_csv(path, index=False, na_rep=NA, encoding="utf-8", lineterminator="\n")
-    return path
+    """Write the compare table to a new file ``path`` with exactly ptdbg's columns; returns ``path``.
+
+    FileExistsError when something (a file, a link) is already at ``path``.
+    """
+    return write_new(path, csv_text(table, stack_mode))

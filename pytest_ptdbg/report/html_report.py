@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import os
 from html import escape
 from typing import Dict, List, Optional, Tuple
 
@@ -17,6 +16,7 @@ import pandas as pd
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.advisor import MIN_GROWTH, PASS_FRACTION_NOTE, Advice, Suspect, _bool
 from pytest_ptdbg.report import csv_report
+from pytest_ptdbg.report.outputs import write_new
 from pytest_ptdbg.report.svg_plot import Mark, PlotData, Series, error_plot
 
 MAX_FAILING_ROWS = 300
@@ -305,8 +305,6 @@ same call count as inputs). "Own error" needs a failing output and growth &ge; {
 def write_html(table: pd.DataFrame, advice: Advice, path: str,
                title: str = "pytest-ptdbg compare report",
                sources: Optional[Dict[str, str]] = None) -> str:
-    """Write the self-contained HTML report to ``path``; returns ``path``."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(render_html(table, advice, title, sources))
-    return path
+    """Write the self-contained HTML report to a new file ``path`` (never over an existing file or
+    link); returns ``path``."""
+    return write_new(path, render_html(table, advice, title, sources))

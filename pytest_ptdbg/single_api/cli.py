@@ -1,7 +1,8 @@
 """``ptdbg replay PACKAGE --device cpu|cuda|npu [--dtype float64] [--script OUT.py] [--json]``.
 
 Registered by ``pytest_ptdbg/cli.py`` through :func:`add_parser`; the handler returns the exit
-status: 0 when every replayed tensor passes the verdict rule, 1 when one fails, 2 on bad input.
+status: 0 when every replayed tensor passes the verdict rule, 1 when one fails, 2 when the replay
+cannot run (bad arguments, a path that is not a package, an API that cannot be re-run).
 """
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from typing import Any, Optional, Sequence
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``replay`` subcommand to an ``argparse`` subparsers object (sets ``func``)."""
+    from pytest_ptdbg.cli import EXIT_STATUS
+
     p = subparsers.add_parser(
-        "replay",
+        "replay", epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter,
         help="run one saved API call again (a reproduction package) and compare with the saved result",
         description="Run the API of a reproduction package (written by mode='acl' or "
                     "hook_name='overflow_check') from its saved inputs and compare the result with the "
@@ -45,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {path}: python {path} [--device cpu] [--dtype float64]")
             return 0
         result = replay(args.package, device=args.device, dtype=args.dtype, rule=args.rule)
-    except (FileNotFoundError, ValueError, ReplayError) as exc:
-        print(f"ptdbg replay: error: {exc}", file=sys.stderr)
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError, ReplayError) as exc:
+        print(f"ptdbg replay: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result.to_dict(), indent=1, default=str))
