@@ -197,6 +197,6 @@ CLEAN_PAIRS: List[CleanPair] = [
 ]
 
 #: the --fast subset (example models only)
-FAST_FAULTS = ["mlp-linear1-fwd-1e-3", "gpt-emb0-bwd-1e-2", "gpt-softmax-fp16-nomax", "mlp-gelu-tanh",
+FAST_FAULTS = ["mlp-linear1-fwd-1e-3", "mlp-linear0-bwd-1e-2", "gpt-softmax-fp16-nomax", "mlp-gelu-tanh",
                "cnn-conv0-bwd-nan"]
 FAST_CLEAN = ["mlp-fp32-noise", "gpt-bf16", "gpt-same-dropout", "empty-same"]
