@@ -178,15 +178,14 @@ class _LazyTensors(Mapping):
 
 
 def decode_call(spec: Mapping[str, Any], keys: Sequence[str], tensor: Callable[[str], Any],
-                where: str = "call") -> Tuple[list, dict]:
-    """``(args, kwargs)`` rebuilt from a call spec (capture's decoder); ``tensor(key)`` supplies
-    the tensors among ``keys``. Raises ValueError naming ``where`` when it cannot be rebuilt."""
-    from pytest_ptdbg.capture import call_spec
+                where: str = "call", device: Any = None) -> Tuple[list, dict]:
+    """``(args, kwargs)`` rebuilt from a call spec as data only (the judge's decoder,
+    ``pytest_ptdbg/judge/arguments.py``); ``where`` is the record's API key (its string rules
+    apply), ``tensor(key)`` supplies the tensors among ``keys``, devices become ``device``.
+    Raises ReplayRefused or NotReplayable (ValueErrors) naming ``where`` and the argument."""
+    from pytest_ptdbg.judge.arguments import decode_call as judged
 
-    try:
-        args, kwargs = call_spec.decode_call(spec, _LazyTensors(keys, tensor))
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    args, kwargs = judged(spec, _LazyTensors(keys, tensor), where, device)
     return list(args), kwargs
 
 
