@@ -32,7 +32,7 @@ class ReplayError(RuntimeError):
 # what to call
 
 
-def api_path(api_type: str, api_name: str) -> Tuple[str, List[str]]:
+def api_path(api_type: str, api_name: str, record: Optional[str] = None) -> Tuple[str, List[str]]:
     """``(module path, [attribute])`` of an allowlisted API, e.g. ``("torch.nn.functional", ["conv2d"])``,
     from the judge's table (``pytest_ptdbg/judge/allowlist.py``).
 
@@ -42,7 +42,7 @@ def api_path(api_type: str, api_name: str) -> Tuple[str, List[str]]:
     from pytest_ptdbg.judge import allowlist
 
     _no_collective(api_type, api_name)
-    root, _, attr = allowlist.qualified_name(api_type, api_name).rpartition(".")
+    root, _, attr = allowlist.qualified_name(api_type, api_name, record).rpartition(".")
     return root, [attr]
 
 

@@ -183,7 +183,7 @@ def render_value(value: Any, names: Dict[str, str], family: Optional[str] = None
 def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
     """The standalone script for a loaded package."""
     p = pkg.parsed
-    root, parts = api_path(p.api_type, p.api_name)  # ReplayRefused unless allowlisted
+    root, parts = api_path(p.api_type, p.api_name, pkg.api)  # ReplayRefused unless allowlisted
     try:
         check_call(pkg.call, pkg.api)  # arguments are data, before anything is written
     except ReplayRefused:
