@@ -114,7 +114,8 @@ def load_tensor(pkg: Package, key: str, device: Any, dtype: Any = None) -> Any:
 
 def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[str, Any]:
     """Run the package's call; returns ``{key: tensor}`` for forward outputs (``output.*``) and,
-    for a backward package, the produced gradients (``backward_output.*``)."""
+    for a backward package, the produced gradients (``backward_output.*``). The API and its
+    arguments go through the judge first (``pytest_ptdbg/judge/``): ReplayRefused, nothing run."""
     import torch
 
     dev = check_device(str(device))
@@ -351,6 +352,8 @@ def replay(package_dir: str, device: str = "cpu", dtype: Union[str, Any, None] =
 
     ``rule`` is a ``compare.verdict`` rule: ``"dtype"`` (default: the assert_close tolerances of
     the lower-precision side, right for identical inputs) or ``"ptdbg"`` (ptdbg's loose rule).
-    Raises FileNotFoundError/ValueError for a bad package, ReplayError when it cannot run.
+    Raises FileNotFoundError/ValueError for a bad package, ReplayRefused (a ValueError) before any
+    call when its API is not in the judge's allowlist or an argument is not data, ReplayError when
+    it cannot run.
     """
     return replay_package(pkgmod.load_package(package_dir), device, dtype, rule)
