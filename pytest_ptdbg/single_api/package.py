@@ -384,7 +384,7 @@ def load_package(package_dir: str) -> Package:
     infos: Dict[str, TensorInfo] = {}
     for key, t in _field(doc, "tensors", dict, path).items():
         where = f"{path}: tensor {key!r}"
-        if not _KEY.match(key) or not isinstance(t, dict):
+        if not _KEY.fullmatch(key) or not isinstance(t, dict):
             raise ValueError(f"{where}: bad tensor entry")
         fname = _field(t, "file", str, where)
         records.safe_data_path(package_dir, fname[:-4] if fname.endswith(".npy") else fname)
@@ -394,8 +394,8 @@ def load_package(package_dir: str) -> Package:
                                 tuple(int(s) for s in _field(t, "shape", list, where)),
                                 bool(t.get("requires_grad", False)))
     for ref in tensor_refs(call):
-        if ref not in infos:
-            raise ValueError(f"{path}: call refers to tensor {ref!r}, which the package does not hold")
+        if not isinstance(ref, str) or ref not in infos:
+            raise ValueError(f"{path}: call refers to tensor {str(ref)[:60]!r}, which the package does not hold")
     rng = doc.get("rng")
     if rng is not None and (not isinstance(rng, dict) or rng.get("file") != RNG_FILE):
         raise ValueError(f"{path}: field 'rng' must be {{'device': ..., 'file': {RNG_FILE!r}}}")

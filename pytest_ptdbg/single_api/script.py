@@ -198,6 +198,8 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
     names: Dict[str, str] = {}
     body: List[str] = []
     for key in pkgmod.tensor_refs(pkg.call):
+        if not (isinstance(key, str) and re.fullmatch(r"input(\.[0-9]+)+", key)):
+            raise ReplayError(f"{api}: tensor key {str(key)[:60]!r} is not of the form input.N")
         info = pkg.tensors[key]
         if not _DTYPE.match(info.dtype) or allowlist.dtype_of(info.dtype.split(".", 1)[1]) is None:
             raise ReplayError(f"{api}: tensor {key!r} has an unexpected dtype {info.dtype!r}")
