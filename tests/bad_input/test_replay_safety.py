@@ -408,18 +408,31 @@ def test_every_allowlist_entry_resolves_to_its_qualified_name():
 def test_example_model_calls_are_all_replayable(tmp_path):
     """Every API family a real training step of the example models records is in the table, and
     its recorded arguments pass the judge (so the replay check works on real dumps)."""
-    from example_models.models import cnn, lstm, tiny_gpt
+    from example_models.models import bench_transformer, cnn, lstm, tiny_gpt
 
     from pytest_ptdbg.judge.arguments import check_call
 
+    def gru_foreach_adamw(model, batch):
+        """A GRU step with AdamW's foreach (torch._foreach_*) update."""
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        out, _ = model(batch)
+        out.pow(2).mean().backward()
+        opt.step()
+
+    def gru():
+        torch.manual_seed(0)
+        return torch.nn.GRU(4, 8, batch_first=True), torch.randn(2, 5, 4)
+
     seen = set()
-    for name, factory in [("mlp", mlp), ("cnn", cnn), ("lstm", lstm), ("gpt", tiny_gpt)]:
+    for name, factory, step in [("mlp", mlp, train_step), ("cnn", cnn, train_step), ("lstm", lstm, train_step),
+                                ("gpt", tiny_gpt, train_step), ("gru", gru, gru_foreach_adamw),
+                                ("transformer", lambda: bench_transformer(batch_size=2, seq_len=8), train_step)]:
         root = str(tmp_path / name)
         model, batch = factory()
         dbg = PrecisionDebugger(dump_path=root, hook_name="dump", step=[0])
         dbg.configure_hook(mode="api_stack", summary_only=True)
         dbg.start()
-        train_step(model, batch)
+        step(model, batch)
         dbg.stop()
         dbg.close()
         for line in open(os.path.join(_rank(root), "api_stack_dump.pkl")):
@@ -428,7 +441,8 @@ def test_example_model_calls_are_all_replayable(tmp_path):
                 api = rec[0][: rec[0].rfind("_input.")]
                 check_call(rec[6]["call"], api)
                 seen.add(records.parse_name(api).api_family)
-    assert {"Functional_linear", "VF_lstm", "Functional_conv2d", "Tensor___getitem__", "Tensor_add_"} <= seen
+    assert {"Functional_linear", "VF_lstm", "VF_gru", "Functional_conv2d", "Tensor___getitem__", "Tensor_add_",
+            "Functional_multi_head_attention_forward", "Torch__foreach_lerp_", "Torch__foreach_addcdiv_"} <= seen
 
 
 @pytest.mark.parametrize("name, make, code", [
