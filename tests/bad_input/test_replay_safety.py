@@ -470,3 +470,23 @@ def test_allowed_strings_devices_and_dtypes_still_replay(tmp_path, name, make, c
     assert replay(pkg.path).identical
     script = write_script(pkg.path, str(tmp_path / "repro.py"))
     assert f"output = {code}" in open(script).read()
+
+
+def test_acl_scope_on_an_api_outside_the_allowlist_does_not_break_the_step(tmp_path):
+    """mode="acl" on ``torch.randn`` (not replayable by value): the step runs to its end, the
+    package is written and its rerun.json says why it was not replayed."""
+    cfg = tmp_path / "dump.json"
+    cfg.write_text(json.dumps({"dump": {"dump_list": [], "dump_path": str(tmp_path / "out"),
+                                        "dump_mode": "all", "dump_op_switch": "on"}}))
+    dbg = PrecisionDebugger(dump_path=str(tmp_path / "dump"), hook_name="dump", step=[0])
+    dbg.configure_hook(mode="acl", scope=["Torch_randn_0_forward"], acl_config=str(cfg))
+    lin = torch.nn.Linear(4, 2)
+    dbg.start()
+    loss = lin(torch.randn(3, 4)).sum()
+    loss.backward()
+    dbg.stop()
+    dbg.close()
+    assert lin.weight.grad is not None
+    (pkg,) = [r for r, _, files in os.walk(str(tmp_path / "out")) if "package.json" in files]
+    note = json.load(open(os.path.join(pkg, "rerun.json")))["note"]
+    assert note.startswith("not replayed: Torch_randn_0_forward: API 'Torch_randn' is not in the replay allowlist")
