@@ -24,6 +24,7 @@ from pytest_ptdbg.single_api.package import Package
 __all__ = ["replay", "replay_package", "run_package", "resolve_api", "ReplayResult", "TensorCheck",
            "ReplayError", "ReplayRefused"]
 
+
 class ReplayError(RuntimeError):
     """The package could not be run (unknown API, unavailable device, unreplayable argument)."""
 
