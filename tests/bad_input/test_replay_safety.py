@@ -390,8 +390,6 @@ def test_api_name_tricks_are_refused(tmp_path, base, path, family):
 def test_every_allowlist_entry_resolves_to_its_qualified_name():
     """Each entry's resolver gives the callable its fixed qualified name names (scripts use the
     name): the table is consistent, and it holds none of the forbidden APIs."""
-    import torch.nn.functional as F  # noqa: F401
-
     roots = {"torch": torch, "torch.nn.functional": torch.nn.functional, "torch.Tensor": torch.Tensor,
              "torch._VF": torch._VF}
     for family, e in allowlist.REPLAYABLE.items():
