@@ -26,6 +26,7 @@ _EXPORTS = {
     "assert_precision": "pytest_ptdbg.assertions",
     "PrecisionError": "pytest_ptdbg.assertions",
     "replay": "pytest_ptdbg.single_api.runner",
+    "ReplayRefused": "pytest_ptdbg.judge.errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

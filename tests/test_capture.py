@@ -253,7 +253,7 @@ def _check_backward_against_autograd(rank_dir, min_apis):
                         t.requires_grad_(True)
                     tensors[slot] = t
         assert spec is not None, api
-        args, kwargs = decode_call(spec, tensors)
+        args, kwargs = decode_call(spec, tensors, api=api)
         out = _func_of(p.api_type, p.api_name)(*args, **kwargs)
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         flat = []

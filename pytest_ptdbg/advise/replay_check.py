@@ -34,6 +34,7 @@ import numpy as np
 
 from pytest_ptdbg.dump import records
 from pytest_ptdbg.dump import reader
+from pytest_ptdbg.judge.errors import ReplayRefused
 
 __all__ = ["ReplayVerdict", "check_suspects", "check_apis", "replay_section", "OWN_SHARE"]
 
@@ -177,6 +178,8 @@ def check_apis(apis: Sequence[str], npu_dump: Union[str, reader.Dump], bench_dum
         try:
             out.append(_check_one(api, n_idx, b_idx, bench_device, oracle, (observed or {}).get(api),
                                   (input_errors or {}).get(api), (bench_names or {}).get(api, api)))
+        except ReplayRefused as exc:  # the judge refused it before any call: the others go on
+            out.append(ReplayVerdict(api, "unknown", f"not replayed: {exc}", device=bench_device))
         except (LookupError, ValueError, FileNotFoundError, RuntimeError) as exc:
             out.append(ReplayVerdict(api, "unknown", f"could not re-run it: {exc}", device=bench_device))
     return out

@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 import math
 from json.encoder import encode_basestring_ascii as _json_str
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
+from pytest_ptdbg.judge.errors import NotReplayable  # the decode side lives in the judge
+
 __all__ = ["encode_call", "encode_call_json", "decode_call", "encode_value", "NotReplayable"]
-
-
-class NotReplayable(ValueError):
-    """The spec holds a value that cannot be rebuilt (a ``{"repr": ...}``) or a missing tensor."""
 
 
 def _idx(path: Tuple[int, ...]) -> str:
@@ -116,54 +114,15 @@ def encode_call_json(args: tuple, kwargs: Mapping[str, Any]) -> str:
     return '{"args": [' + a + '], "kwargs": {' + kw + "}}"
 
 
-def _torch_attr(s: str, kind: str) -> Any:
-    name = s[len("torch."):] if s.startswith("torch.") else s
-    obj = getattr(torch, name, None)
-    if obj is None:
-        raise NotReplayable(f"unknown {kind} {s!r} in call spec")
-    return obj
+def decode_call(spec: Mapping[str, Any], tensors: Mapping[str, Any], api: Optional[str] = None,
+                device: Any = None) -> Tuple[tuple, dict]:
+    """``(args, kwargs)`` rebuilt from a call spec as data only; ``tensors`` maps ``"input.0"`` to
+    tensors. Delegates to the judge (``pytest_ptdbg/judge/arguments.py``): ``api`` (the record's
+    API key) selects the string rules (without it strings are refused), devices become ``device``.
 
-
-def _decode(v: Any, tensors: Mapping[str, Any]) -> Any:
-    if isinstance(v, list):
-        return [_decode(x, tensors) for x in v]
-    if not isinstance(v, dict):
-        return v
-    if len(v) != 1:
-        raise NotReplayable(f"malformed call spec value {v!r}")
-    (tag, x), = v.items()
-    if tag == "t":
-        if x not in tensors:
-            raise NotReplayable(f"call spec needs tensor {x!r}, which was not given (have {sorted(tensors)[:8]})")
-        return tensors[x]
-    if tag == "float":
-        return float(x)
-    if tag == "dtype":
-        return _torch_attr(x, "dtype")
-    if tag == "device":
-        return torch.device(x)
-    if tag == "size":
-        return torch.Size(x)
-    if tag in ("memory_format", "layout"):
-        return _torch_attr(x, tag)
-    if tag == "slice":
-        return slice(*[_decode(p, tensors) for p in x])
-    if tag == "ellipsis":
-        return Ellipsis
-    if tag == "tuple":
-        return tuple(_decode(p, tensors) for p in x)
-    if tag == "repr":
-        raise NotReplayable(f"argument {x!r} was recorded only as its repr and cannot be rebuilt")
-    raise NotReplayable(f"unknown tag {tag!r} in call spec")
-
-
-def decode_call(spec: Mapping[str, Any], tensors: Mapping[str, Any]) -> Tuple[tuple, dict]:
-    """``(args, kwargs)`` rebuilt from a call spec; ``tensors`` maps ``"input.0"`` to tensors.
-
-    Raises :class:`NotReplayable` (a ValueError) naming the value that cannot be rebuilt.
+    Raises :class:`NotReplayable` (a ValueError) naming the value that cannot be rebuilt, and
+    ``ReplayRefused`` (a ValueError) for what is not data (a dtype tag naming a function...).
     """
-    if not isinstance(spec, Mapping) or "args" not in spec:
-        raise NotReplayable(f"not a call spec: {spec!r:.200}")
-    args = tuple(_decode(a, tensors) for a in spec.get("args", []))
-    kwargs = {k: _decode(v, tensors) for k, v in (spec.get("kwargs") or {}).items()}
-    return args, kwargs
+    from pytest_ptdbg.judge.arguments import decode_call as judged
+
+    return judged(spec, tensors, api, device)

@@ -13,6 +13,7 @@ _EXPORTS = {
     "replay_package": "pytest_ptdbg.single_api.runner",
     "ReplayResult": "pytest_ptdbg.single_api.runner",
     "ReplayError": "pytest_ptdbg.single_api.runner",
+    "ReplayRefused": "pytest_ptdbg.judge.errors",
     "load_package": "pytest_ptdbg.single_api.package",
     "package_call": "pytest_ptdbg.single_api.package",
     "write_script": "pytest_ptdbg.single_api.script",

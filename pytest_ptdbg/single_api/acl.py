@@ -210,6 +210,17 @@ class AclSink(Sink):
             grads = self._check_grads(call.output)
             meta["backward_input_files"] = self.grad_files
         pkg = snap.write(self.out_dir, self.target.direction, call.output, backward_input=grads, meta=meta)
+        from pytest_ptdbg.judge.errors import ReplayRefused
+
+        try:
+            self._rerun(pkg, snap, call, grads, meta, device)
+        except ReplayRefused as exc:  # not in the judge's allowlist: the package stays, unrun
+            self.package, self.rerun = pkg, None
+            with open(os.path.join(pkg.path, "rerun.json"), "w") as fh:
+                json.dump({"kernel_dump": False, "device": device, "note": f"not replayed: {exc}"}, fh, indent=1)
+            print(f"ptdbg acl: {self.scope} saved in {pkg.path}, not replayed: {exc}", file=sys.stderr)
+
+    def _rerun(self, pkg: Any, snap: Any, call: Any, grads: Any, meta: dict, device: Any) -> None:
         from pytest_ptdbg.single_api.runner import replay_package, run_package
 
         with kernel_dump(self.acl, device) as on:

@@ -178,15 +178,14 @@ class _LazyTensors(Mapping):
 
 
 def decode_call(spec: Mapping[str, Any], keys: Sequence[str], tensor: Callable[[str], Any],
-                where: str = "call") -> Tuple[list, dict]:
-    """``(args, kwargs)`` rebuilt from a call spec (capture's decoder); ``tensor(key)`` supplies
-    the tensors among ``keys``. Raises ValueError naming ``where`` when it cannot be rebuilt."""
-    from pytest_ptdbg.capture import call_spec
+                where: str = "call", device: Any = None) -> Tuple[list, dict]:
+    """``(args, kwargs)`` rebuilt from a call spec as data only (the judge's decoder,
+    ``pytest_ptdbg/judge/arguments.py``); ``where`` is the record's API key (its string rules
+    apply), ``tensor(key)`` supplies the tensors among ``keys``, devices become ``device``.
+    Raises ReplayRefused or NotReplayable (ValueErrors) naming ``where`` and the argument."""
+    from pytest_ptdbg.judge.arguments import decode_call as judged
 
-    try:
-        args, kwargs = call_spec.decode_call(spec, _LazyTensors(keys, tensor))
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    args, kwargs = judged(spec, _LazyTensors(keys, tensor), where, device)
     return list(args), kwargs
 
 
@@ -385,7 +384,7 @@ def load_package(package_dir: str) -> Package:
     infos: Dict[str, TensorInfo] = {}
     for key, t in _field(doc, "tensors", dict, path).items():
         where = f"{path}: tensor {key!r}"
-        if not _KEY.match(key) or not isinstance(t, dict):
+        if not _KEY.fullmatch(key) or not isinstance(t, dict):
             raise ValueError(f"{where}: bad tensor entry")
         fname = _field(t, "file", str, where)
         records.safe_data_path(package_dir, fname[:-4] if fname.endswith(".npy") else fname)
@@ -395,8 +394,8 @@ def load_package(package_dir: str) -> Package:
                                 tuple(int(s) for s in _field(t, "shape", list, where)),
                                 bool(t.get("requires_grad", False)))
     for ref in tensor_refs(call):
-        if ref not in infos:
-            raise ValueError(f"{path}: call refers to tensor {ref!r}, which the package does not hold")
+        if not isinstance(ref, str) or ref not in infos:
+            raise ValueError(f"{path}: call refers to tensor {str(ref)[:60]!r}, which the package does not hold")
     rng = doc.get("rng")
     if rng is not None and (not isinstance(rng, dict) or rng.get("file") != RNG_FILE):
         raise ValueError(f"{path}: field 'rng' must be {{'device': ..., 'file': {RNG_FILE!r}}}")

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
+from pytest_ptdbg.judge.errors import ReplayRefused
 from pytest_ptdbg.single_api import package as pkgmod
 from pytest_ptdbg.single_api.package import Package
 
-__all__ = ["replay", "replay_package", "run_package", "resolve_api", "ReplayResult", "TensorCheck"]
-
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+__all__ = ["replay", "replay_package", "run_package", "resolve_api", "ReplayResult", "TensorCheck",
+           "ReplayError", "ReplayRefused"]
 
 
 class ReplayError(RuntimeError):
@@ -34,57 +33,33 @@ class ReplayError(RuntimeError):
 # what to call
 
 
-def api_path(api_type: str, api_name: str) -> Tuple[str, List[str]]:
-    """``(module expression, attribute chain)`` of an API, e.g. ``("torch.nn.functional", ["conv2d"])``.
+def api_path(api_type: str, api_name: str, record: Optional[str] = None) -> Tuple[str, List[str]]:
+    """``(module path, [attribute])`` of an allowlisted API, e.g. ``("torch.nn.functional", ["conv2d"])``,
+    from the judge's table (``pytest_ptdbg/judge/allowlist.py``).
 
-    Raises ReplayError for collectives (not replayable alone) and names that are not identifiers.
+    Raises ReplayError for collectives (not replayable alone) and ReplayRefused (a ValueError) for
+    an API that is not in the allowlist.
     """
-    parts = api_name.split(".") if api_type == "Aten" else [api_name]
-    if not all(_IDENT.match(p) for p in parts):
-        raise ReplayError(f"API name {api_name!r} is not a Python identifier; cannot resolve it")
-    roots = {
-        "Torch": "torch",
-        "Functional": "torch.nn.functional",
-        "Tensor": "torch.Tensor",
-        "VF": "torch._VF",
-        "Aten": "torch.ops.aten",
-        "NPU": "torch_npu",
-    }
+    from pytest_ptdbg.judge import allowlist
+
+    _no_collective(api_type, api_name)
+    root, _, attr = allowlist.qualified_name(api_type, api_name, record).rpartition(".")
+    return root, [attr]
+
+
+def _no_collective(api_type: str, api_name: str) -> None:
     if api_type == "Distributed":
         raise ReplayError(f"Distributed_{api_name}: a collective needs its process group and cannot be replayed alone")
-    if api_type not in roots:
-        raise ReplayError(f"unknown API type {api_type!r} (expected one of {sorted(roots)})")
-    return roots[api_type], parts
 
 
-def resolve_api(api_type: str, api_name: str) -> Callable:
-    """The callable of ``{api_type}_{api_name}`` (``Tensor`` methods take ``self`` first)."""
-    import importlib
+def resolve_api(api_type: str, api_name: str, record: Optional[str] = None) -> Callable:
+    """The callable of ``{api_type}_{api_name}`` from the judge's allowlist (``Tensor`` methods
+    take ``self`` first). Raises ReplayRefused (a ValueError) naming ``record`` when the API is not
+    allowlisted; nothing is looked up by the name itself."""
+    from pytest_ptdbg.judge import allowlist
 
-    import torch  # noqa: F401  (torch.nn.functional etc. need it)
-
-    root, parts = api_path(api_type, api_name)
-    if root == "torch_npu":
-        try:
-            obj: Any = importlib.import_module("torch_npu")
-        except ImportError:
-            raise ReplayError(f"NPU_{api_name} needs torch_npu, which does not import here") from None
-    elif root == "torch.Tensor":
-        obj = torch.Tensor
-    elif root == "torch._VF":
-        obj = torch._VF
-    elif root == "torch.ops.aten":
-        obj = torch.ops.aten
-    else:
-        obj = importlib.import_module(root)
-    for p in parts:
-        try:
-            obj = getattr(obj, p)
-        except AttributeError:
-            raise ReplayError(f"{api_type}_{api_name}: {root} has no attribute {p!r} in torch {torch.__version__}") from None
-    if not callable(obj):
-        raise ReplayError(f"{api_type}_{api_name} is not callable")
-    return obj
+    _no_collective(api_type, api_name)
+    return allowlist.resolve(api_type, api_name, record)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,11 +70,12 @@ def parse_dtype(dtype: Any) -> Any:
     """``None``, a ``torch.dtype`` or a name like ``"float64"``/``"torch.bfloat16"`` -> dtype."""
     import torch
 
+    from pytest_ptdbg.judge.allowlist import dtype_of
+
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    name = str(dtype).replace("torch.", "")
-    dt = getattr(torch, name, None) if _IDENT.match(name) else None
-    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+    dt = dtype_of(str(dtype))
+    if dt is None or not dt.is_floating_point:
         raise ValueError(f"--dtype must be a floating-point torch dtype such as 'float64', got {dtype!r}")
     return dt
 
@@ -117,11 +93,10 @@ def check_device(device: str) -> Any:
 
 
 def _torch_dtype(name: str) -> Any:
-    import torch
+    from pytest_ptdbg.judge.allowlist import dtype_of
 
-    n = name.split(".", 1)[1] if name.startswith(("torch.", "numpy.")) else name
-    dt = getattr(torch, n, None) if _IDENT.match(n) else None
-    return dt if isinstance(dt, torch.dtype) else None
+    n = name.split(".", 1)[1] if isinstance(name, str) and name.startswith(("torch.", "numpy.")) else name
+    return dtype_of(n)
 
 
 def load_tensor(pkg: Package, key: str, device: Any, dtype: Any = None) -> Any:
@@ -140,13 +115,14 @@ def load_tensor(pkg: Package, key: str, device: Any, dtype: Any = None) -> Any:
 
 def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[str, Any]:
     """Run the package's call; returns ``{key: tensor}`` for forward outputs (``output.*``) and,
-    for a backward package, the produced gradients (``backward_output.*``)."""
+    for a backward package, the produced gradients (``backward_output.*``). The API and its
+    arguments go through the judge first (``pytest_ptdbg/judge/``): ReplayRefused, nothing run."""
     import torch
 
     dev = check_device(str(device))
     dt = parse_dtype(dtype)
     p = pkg.parsed
-    func = resolve_api(p.api_type, p.api_name)
+    func = resolve_api(p.api_type, p.api_name, pkg.api)  # ReplayRefused unless allowlisted
     backward = p.direction == "backward"
     leaves: Dict[str, Any] = {}
 
@@ -159,7 +135,9 @@ def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[st
         return t
 
     try:
-        args, kwargs = pkgmod.decode_call(pkg.call, list(pkg.tensors), tensor, where=pkg.api)
+        args, kwargs = pkgmod.decode_call(pkg.call, list(pkg.tensors), tensor, where=pkg.api, device=dev)
+    except ReplayRefused:
+        raise
     except ValueError as exc:
         raise ReplayError(str(exc)) from None
     args, kwargs = _retarget(args, kwargs, dev, dt)
@@ -375,6 +353,8 @@ def replay(package_dir: str, device: str = "cpu", dtype: Union[str, Any, None] =
 
     ``rule`` is a ``compare.verdict`` rule: ``"dtype"`` (default: the assert_close tolerances of
     the lower-precision side, right for identical inputs) or ``"ptdbg"`` (ptdbg's loose rule).
-    Raises FileNotFoundError/ValueError for a bad package, ReplayError when it cannot run.
+    Raises FileNotFoundError/ValueError for a bad package, ReplayRefused (a ValueError) before any
+    call when its API is not in the judge's allowlist or an argument is not data, ReplayError when
+    it cannot run.
     """
     return replay_package(pkgmod.load_package(package_dir), device, dtype, rule)

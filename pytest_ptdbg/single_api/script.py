@@ -4,14 +4,22 @@ The script needs only torch and numpy: it loads the package's ``.npy`` files
 (``allow_pickle=False``), spells the call out literally (``torch.nn.functional.conv2d(input_0, ...)``),
 runs it (forward, or forward + ``autograd.grad`` for a backward package) and prints cosine, max
 absolute and max relative error against the saved result. Every name written into the code is
-checked to be an identifier or a literal; nothing from the package is pasted in unchecked.
+a literal or comes from the judge's tables: the callable is the fixed qualified name of its
+allowlist entry (``pytest_ptdbg/judge/allowlist.py``), dtypes the names of its dtype table, strings
+only those the (API, parameter) rule allows, written with ``repr``; the API key in the text is
+rebuilt from the entry. A package the judge refuses gives no script (ReplayRefused).
 """
 from __future__ import annotations
 
+import keyword
 import os
 import re
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
+from pytest_ptdbg.dump import records
+from pytest_ptdbg.judge import allowlist
+from pytest_ptdbg.judge.arguments import check_call, family_of
+from pytest_ptdbg.judge.errors import ReplayRefused
 from pytest_ptdbg.single_api import package as pkgmod
 from pytest_ptdbg.single_api.runner import ReplayError, api_path
 
@@ -32,14 +40,15 @@ import numpy as np
 import torch
 
 PACKAGE_DIR = {package_dir!r}
+DTYPES = {{{dtypes}}}
 {stack_comment}
 
 def load(key, dtype, device, cast=None, requires_grad=False):
     """Tensor ``key`` from the package, in its recorded dtype (floating ones cast to ``cast``)."""
     arr = np.load(os.path.join(ARGS.package, key + ".npy"), allow_pickle=False)
     t = torch.from_numpy(np.ascontiguousarray(arr))
-    if dtype.startswith("torch."):
-        t = t.to(getattr(torch, dtype[len("torch."):]))
+    if dtype in DTYPES:
+        t = t.to(DTYPES[dtype])
     if cast is not None and t.is_floating_point():
         t = t.to(cast)
     t = t.to(device)
@@ -90,7 +99,7 @@ def metrics(expected, actual):
 
 def main():
     device = torch.device(ARGS.device)
-    cast = getattr(torch, ARGS.dtype) if ARGS.dtype else None
+    cast = DTYPES["torch." + ARGS.dtype.replace("torch.", "")] if ARGS.dtype else None
 {body}
     print(f"{{'tensor':<22}} {{'cosine':>12}} {{'max abs err':>12}} {{'max rel err':>12}}")
     for key, dtype in EXPECTED.items():
@@ -118,59 +127,82 @@ def _var(key: str) -> str:
     return key.replace(".", "_")
 
 
-def render_value(value: Any, names: Dict[str, str]) -> str:
-    """Python source for one encoded argument (tensor refs become their variable names)."""
+def _tag_name(kind: str, v: Any) -> str:
+    """The table's own ``torch.<name>`` for a dtype/layout/memory_format tag (checked by the judge)."""
+    of = {"dtype": allowlist.dtype_of, "layout": allowlist.layout_of, "memory_format": allowlist.memory_format_of}[kind]
+    name = v if isinstance(v, str) and v.startswith("torch.") else f"torch.{v}"
+    if of(name) is None or name not in allowlist.tag_names(kind):
+        raise ReplayError(f"{kind} {str(v)[:60]!r} is not in the judge's table")
+    return name
+
+
+def render_value(value: Any, names: Dict[str, str], family: Optional[str] = None,
+                 position: Optional[int] = None, keyword: Optional[str] = None) -> str:
+    """Python source for one encoded argument (tensor refs become their variable names).
+
+    ``family``/``position``/``keyword`` locate a top-level argument for the string rules; a value
+    the judge has not accepted (``check_call``) raises ReplayError."""
     if value is None or isinstance(value, bool):
         return repr(value)
-    if isinstance(value, (int, float)):
+    if type(value) in (int, float):
         return repr(value)
     if isinstance(value, str):
-        return repr(value)
+        rule = allowlist.string_rule(family, position, keyword) if family else None
+        if rule is None or not rule.allows(value):
+            raise ReplayError(f"string argument {value[:60]!r} is not allowed here")
+        return "device" if rule.device else repr(value)
     if isinstance(value, list):
         return "[" + ", ".join(render_value(v, names) for v in value) + "]"
     if not isinstance(value, dict) or len(value) != 1:
-        raise ReplayError(f"cannot write encoded value {value!r} as code")
+        raise ReplayError(f"cannot write encoded value {str(value)[:80]!r} as code")
     (tag, v), = value.items()
     if tag == "t":
         if v not in names:
-            raise ReplayError(f"call refers to unknown tensor {v!r}")
+            raise ReplayError(f"call refers to unknown tensor {str(v)[:40]!r}")
         return names[v]
-    if tag == "tuple":
+    if tag == "tuple" and isinstance(v, list):
         inner = [render_value(x, names) for x in v]
         return "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"
     if tag == "float" and v in ("nan", "inf", "-inf"):
         return f"float({v!r})"
-    if tag == "dtype" and isinstance(v, str) and re.fullmatch(r"torch\.[a-z0-9_]+", v):
-        return v
-    if tag in ("memory_format", "layout") and isinstance(v, str) and re.fullmatch(r"torch\.[a-z0-9_]+", v):
-        return v
-    if tag == "size" and isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+    if tag in ("dtype", "memory_format", "layout"):
+        return _tag_name(tag, v)
+    if tag == "size" and isinstance(v, list) and all(type(x) is int for x in v):
         return f"torch.Size({v!r})"
     if tag == "device":
         return "device"
     if tag == "slice" and isinstance(v, list) and len(v) == 3:
         return "slice(" + ", ".join(render_value(x, names) for x in v) + ")"
-    if tag == "ellipsis":
+    if tag == "ellipsis" and v is True:
         return "..."
     if tag == "repr":
-        raise ReplayError(f"argument {v!r} was saved only as text; the call cannot be written out")
-    raise ReplayError(f"cannot write encoded value {value!r} as code")
+        raise ReplayError(f"argument {str(v)[:200]!r} was saved only as text; the call cannot be written out")
+    raise ReplayError(f"cannot write encoded value {str(value)[:80]!r} as code")
 
 
 def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
     """The standalone script for a loaded package."""
     p = pkg.parsed
-    root, parts = api_path(p.api_type, p.api_name)
-    func = ".".join([root] + parts)
+    root, parts = api_path(p.api_type, p.api_name, pkg.api)  # ReplayRefused unless allowlisted
+    try:
+        check_call(pkg.call, pkg.api)  # arguments are data, before anything is written
+    except ReplayRefused:
+        raise
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from None
+    func = ".".join([root] + parts)  # the table's fixed qualified name
+    entry = allowlist.entry(p.api_type, p.api_name, pkg.api)
+    api = records.api_key(entry.api_type, entry.api_name, int(p.call_index), p.direction)
+    family = family_of(pkg.api)
     backward = p.direction == "backward"
     names: Dict[str, str] = {}
     body: List[str] = []
-    if root == "torch_npu":
-        body.append("    import torch_npu  # noqa: F401")
     for key in pkgmod.tensor_refs(pkg.call):
+        if not (isinstance(key, str) and re.fullmatch(r"input(\.[0-9]+)+", key)):
+            raise ReplayError(f"{api}: tensor key {str(key)[:60]!r} is not of the form input.N")
         info = pkg.tensors[key]
-        if not _DTYPE.match(info.dtype):
-            raise ReplayError(f"{pkg.api}: tensor {key!r} has an unexpected dtype {info.dtype!r}")
+        if not _DTYPE.match(info.dtype) or allowlist.dtype_of(info.dtype.split(".", 1)[1]) is None:
+            raise ReplayError(f"{api}: tensor {key!r} has an unexpected dtype {info.dtype!r}")
         var = _var(key)
         if backward and info.requires_grad:
             body.append(f"    {var}_leaf = load({key!r}, {info.dtype!r}, device, cast, requires_grad=True)")
@@ -179,11 +211,11 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
         else:
             body.append(f"    {var} = load({key!r}, {info.dtype!r}, device, cast)")
             names[key] = var
-    args = [render_value(v, names) for v in pkg.call.get("args", [])]
-    for k, v in pkg.call.get("kwargs", {}).items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
-            raise ReplayError(f"{pkg.api}: keyword {k!r} is not an identifier")
-        args.append(f"{k}={render_value(v, names)}")
+    args = [render_value(v, names, family, position=i) for i, v in enumerate(pkg.call.get("args", []))]
+    for k, v in (pkg.call.get("kwargs") or {}).items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) or k.startswith("__") or keyword.iskeyword(k):
+            raise ReplayError(f"{api}: keyword {k[:40]!r} is not an identifier")
+        args.append(f"{k}={render_value(v, names, family, keyword=k)}")
     call = f"{func}({', '.join(args)})"
     body.append("    set_rng(device)")
     if not backward:
@@ -198,7 +230,7 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
     else:
         leaves = [k for k in pkgmod.tensor_refs(pkg.call) if pkg.tensors[k].requires_grad]
         if not leaves:
-            raise ReplayError(f"{pkg.api}: no input requires grad; nothing to differentiate")
+            raise ReplayError(f"{api}: no input requires grad; nothing to differentiate")
         body.append(f"    output = {call}")
         body.append("    outs = flatten(output)")
         body.append("    grads = {")
@@ -225,7 +257,8 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
             "#   " + re.sub(r"[\x00-\x1f\x7f\u2028\u2029\x85\x0c]", " ", " ".join(str(x) for x in f[:3]))[:160]
             for f in frames) + "\n"
     return _TEMPLATE.format(
-        api=pkg.api, what=what, script_name=script_name, package_dir=pkg.path, stack_comment=stack,
+        api=api, what=what, script_name=re.sub(r"[^\w.-]", "_", script_name),
+        dtypes=", ".join(f"{n!r}: {n}" for n in allowlist.dtype_names()), package_dir=pkg.path, stack_comment=stack,
         body="\n".join(body), expected={k: pkg.tensors[k].dtype for k in pkg.expected_keys},
         rng={"device": str(pkg.rng.get("device")), "file": pkgmod.RNG_FILE} if pkg.rng else None,
     )
