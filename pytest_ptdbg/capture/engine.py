@@ -367,12 +367,12 @@ def _register_hook(t: Any, hook: Callable) -> None:
     """``t.register_hook(hook)`` (which requires grad) minus the handle object, which capture
     never uses: its taps live as long as the graph. Same dict, same ids, same order as
     ``Tensor.register_hook``; tensor subclasses go through their own ``register_hook``."""
-    if type(t) is not _Tensor:
-        t.register_hook(hook)
-        return
     # read grad_fn first: for a view whose base was changed in place since, this regenerates its
     # grad_fn (and drops hooks of the old one); hooking a stale view crashes autograd (SIGSEGV)
     gf = t.grad_fn
+    if type(t) is not _Tensor:
+        t.register_hook(hook)
+        return
     d = t._backward_hooks
     if d is None:
         t._backward_hooks = OrderedDict()

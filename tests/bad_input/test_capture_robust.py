@@ -73,7 +73,7 @@ def _record_of(recs: dict, key: str) -> list:
 
 INPLACE_VARIANTS = (
     "iadd_row", "setitem_row", "add_self", "mul_column_view", "t_", "transpose_add_", "view_input_add_",
-    "copy_into_slice", "kv_cache", "masked_fill_", "out_arg", "base_changed_after_view",
+    "copy_into_slice", "kv_cache", "masked_fill_", "out_arg", "base_changed_after_view", "inplace_on_stale_view",
 )
 
 _INPLACE_STEP = """
@@ -116,6 +116,10 @@ def step(variant):
         v = h[0]
         h.mul_(2)
         h = h + v
+    elif variant == "inplace_on_stale_view":
+        v = h[0]
+        h.mul_(2)
+        v.add_(b)
     loss = (h * h).sum()
     loss.backward()
     return loss.detach(), w.grad.clone(), None if b.grad is None else b.grad.clone()
