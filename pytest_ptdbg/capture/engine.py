@@ -37,6 +37,7 @@ from pytest_ptdbg.capture.sink import ApiCall, SinkStop, iter_tensors, outputs_o
 __all__ = ["CaptureEngine"]
 
 _Tensor = torch.Tensor
+_STRIDED = torch.strided
 _grad_enabled = torch.is_grad_enabled
 
 #: torch.distributed functions wrapped while started (those that exist in this torch)
@@ -309,7 +310,8 @@ class CaptureEngine:
             return None
         bw = [s for s in wanted if getattr(s, "wants_backward", True)]
         aliases: list = []
-        if bw and _grad_enabled() and api_type != "Distributed" and not (kwargs and "out" in kwargs):
+        if bw and _grad_enabled() and api_type != "Distributed" and not (kwargs and "out" in kwargs) \
+                and not (name in _SPARSE_GRAD_APIS and _any_true(args, kwargs)):
             try:
                 args, kwargs, aliases = _alias_inputs(args, kwargs, skip_first=inplace)
                 self.busy = True
@@ -384,6 +386,16 @@ def _register_hook(t: Any, hook: Callable) -> None:
     d[hid] = hook
 
 
+#: APIs whose gradient for a dense input is sparse with ``sparse=True`` (nn.Embedding(sparse=True)):
+#: an alias's view backward cannot reshape a sparse gradient, so their inputs get no alias
+_SPARSE_GRAD_APIS = frozenset(("embedding", "embedding_bag", "_embedding_bag"))
+
+
+def _any_true(args: tuple, kwargs: dict) -> bool:
+    """Whether some flag of the call is True (``sparse=True`` given by position or keyword)."""
+    return any(v is True for v in args) or any(v is True for v in kwargs.values())
+
+
 def _alias_inputs(args: tuple, kwargs: dict, skip_first: bool) -> Tuple[tuple, dict, list]:
     """Replace each input tensor that requires grad by ``x.view_as(x)``.
 
@@ -428,9 +440,11 @@ def _alias_inputs(args: tuple, kwargs: dict, skip_first: bool) -> Tuple[tuple, d
 def _alias_one(v: Any, idx: Tuple[int, ...], memo: Dict[int, Any], aliases: list) -> Any:
     a = memo.get(id(v))
     if a is None:
+        if v.layout is not _STRIDED or v.is_nested:
+            return v  # sparse/nested: a view's backward cannot reshape their gradient; no tap
         try:
             a = v.view_as(v)
-        except Exception:  # a tensor kind without views (sparse, nested...): no per-input tap
+        except Exception:  # a tensor kind without views: no per-input tap
             return v
         memo[id(v)] = a
         aliases.append((idx, a, v))

@@ -270,6 +270,31 @@ def test_meta_and_nested_tensors_are_recorded_without_raising(tmp_path, mode):
     assert nested[5][:2] == [padded.max().item(), padded.min().item()] and "nested" in nested[6]["note"]
 
 
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_sparse_gradients_and_nested_inputs_that_require_grad_flow(tmp_path, mode):
+    """``nn.Embedding(sparse=True)`` (its weight gets a sparse gradient, which the alias view's
+    backward could not reshape), a sparse leaf and a nested tensor built from leaves that require
+    grad: backward must run and give the plain run's gradients bit for bit."""
+    def body():
+        torch.manual_seed(0)
+        emb = nn.Embedding(10, 4, sparse=True)
+        e = emb(torch.tensor([1, 2, 1])).pow(2).sum()
+        e.backward()
+        sp = torch.randn(5, 3).to_sparse().requires_grad_()
+        torch.sparse.sum(sp * 3).backward()
+        a, b = torch.randn(2, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+        y = (torch.nested.as_nested_tensor([a, b]) * 2).to_padded_tensor(0.0).sum()
+        y.backward()
+        return e, emb.weight.grad.to_dense(), sp.grad.to_dense(), y, a.grad, b.grad
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # nested tensors are a prototype
+        plain, got, recs = _debug_body(tmp_path, mode, body)
+    assert all(torch.equal(x, y) for x, y in zip(plain, got))
+    grad_in = _record_of(recs, "Functional_embedding_0_backward_input.0")  # d e / d output = 2 * output
+    assert grad_in[4] == [3, 4]
+
+
 class _TracingTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
