@@ -11,7 +11,8 @@ it is popped from the mode stack, so calls made inside that API are not seen (ou
 Backward taps (see ``sink.py``): gradient arriving at output ``i`` comes from ``out.register_hook``
 (``backward_input.i``); for every input that requires grad, the API gets an alias
 ``x.view_as(x)`` and the hook on the alias sees exactly this API's share (``backward_output.j``).
-No alias for in-place ops' first argument, for ``out=`` calls, or under no_grad. The aliases'
+No alias for in-place ops' first argument, for ``out=`` calls, under no_grad, for sparse/nested
+inputs, or for embedding APIs with a True flag (sparse gradients). The aliases'
 hooks are registered *before* the API runs: an API that writes into the base of an alias
 (``h[0] = h[3]`` passes a view of ``h`` as the value) would otherwise leave the alias a stale view,
 and hooking a stale view crashes autograd (SIGSEGV in torch 2.13) or never fires.

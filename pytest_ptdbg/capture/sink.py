@@ -77,7 +77,8 @@ their index); a list/tuple argument adds a level (``input.2.0``). A single tenso
 =================  ==============================================================================
 
 No alias (hence no ``backward_output``) for: the first argument of in-place ops, calls with
-``out=``, calls under no_grad, and ``Distributed`` calls. The same tensor passed twice to one API
+``out=``, calls under no_grad, ``Distributed`` calls, sparse and nested inputs, and embedding APIs
+called with a True flag (``sparse=True`` gives a sparse gradient, which a view cannot pass on). The same tensor passed twice to one API
 gets one alias; its gradient (the sum over both uses) is reported at its first index. An output
 that is one of the inputs given back unchanged (``x.to(x.dtype)``, ``x.contiguous()``) is the
 caller's own tensor again and gets no ``backward_input`` tap.

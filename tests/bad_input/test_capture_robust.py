@@ -360,7 +360,6 @@ def test_batchnorm_running_mean_is_recorded_as_at_entry(tmp_path, mode, features
         dbg.stop()
         dbg.step()
     dbg.close()
-    assert torch.equal(bn.running_mean, truth[-1] * 0.9 + x2.mean(0) * 0.1) or True
     for step in range(2):
         recs = _records(tmp_path, step)
         for k in range(2):
@@ -411,7 +410,7 @@ def test_parameters_updated_in_place_are_recorded_as_at_next_entry(tmp_path, mod
         dbg.stop()
         dbg.step()
     dbg.close()
-    assert torch.equal(m.weight, truth[-1]) is False  # it trained
+    assert not torch.equal(m.weight, truth[-1])  # it trained
     for step in range(3):
         rec = _record_of(_records(tmp_path, step), "Functional_linear_0_forward_input.1")
         t = truth[step]
@@ -465,7 +464,8 @@ def test_internal_error_in_a_sink_is_warned_once_and_the_step_is_unchanged(tmp_p
     dbg = _debugger(tmp_path, "stats")
     dbg.start()  # builds the dump sink; add the broken one beside it
     broken = _BrokenSink()
-    dbg._engine.sinks = dbg.sinks + [broken]
+    (dump_sink,) = dbg.sinks
+    dbg._engine.sinks = [dump_sink, broken]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = _mlp_step(*em.mlp(seed=0))
@@ -475,7 +475,7 @@ def test_internal_error_in_a_sink_is_warned_once_and_the_step_is_unchanged(tmp_p
     ours = [str(w.message) for w in caught if "pytest-ptdbg: internal error" in str(w.message)]
     assert len(ours) == 3 and {"KeyError", "ZeroDivisionError", "IndexError"} <= set(" ".join(ours).replace(":", " ").split())
     assert broken.degraded and "_BrokenSink" in broken.degraded
-    assert dbg.sinks == [] and not any(getattr(s, "degraded", None) for s in dbg._engine.sinks if s is not broken)
+    assert dump_sink.degraded is None
     recs = _records(tmp_path)
     assert "Functional_linear_0_backward_output.1" in recs and "Functional_cross_entropy_0_forward_output.0" in recs
 
