@@ -11,7 +11,15 @@ it is popped from the mode stack, so calls made inside that API are not seen (ou
 Backward taps (see ``sink.py``): gradient arriving at output ``i`` comes from ``out.register_hook``
 (``backward_input.i``); for every input that requires grad, the API gets an alias
 ``x.view_as(x)`` and the hook on the alias sees exactly this API's share (``backward_output.j``).
-No alias for in-place ops' first argument, for ``out=`` calls, or under no_grad.
+No alias for in-place ops' first argument, for ``out=`` calls, under no_grad, for sparse/nested
+inputs, or for embedding APIs with a True flag (sparse gradients). The aliases'
+hooks are registered *before* the API runs: an API that writes into the base of an alias
+(``h[0] = h[3]`` passes a view of ``h`` as the value) would otherwise leave the alias a stale view,
+and hooking a stale view crashes autograd (SIGSEGV in torch 2.13) or never fires.
+
+Nothing capture or a sink does may break the user's step: every internal step is guarded; an
+internal error is warned once and marks the sink ``degraded`` (``sink.report_internal_error``), and
+the API runs exactly once, with the user's own arguments when aliasing failed.
 """
 from __future__ import annotations
 
@@ -25,11 +33,12 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle as _Handle
 
 from pytest_ptdbg.capture import names
-from pytest_ptdbg.capture.sink import ApiCall, iter_tensors, outputs_of
+from pytest_ptdbg.capture.sink import ApiCall, SinkStop, iter_tensors, outputs_of, report_internal_error
 
 __all__ = ["CaptureEngine"]
 
 _Tensor = torch.Tensor
+_STRIDED = torch.strided
 _grad_enabled = torch.is_grad_enabled
 
 #: torch.distributed functions wrapped while started (those that exist in this torch)
@@ -60,15 +69,23 @@ class _Mode(TorchFunctionMode):
         try:
             hit = seen.get(func, _UNSEEN)
         except TypeError:  # unhashable callable
-            hit = names.classify(func)
+            hit = _classify(func)
         else:
             if hit is _UNSEEN:
-                hit = names.classify(func)
+                hit = _classify(func)
                 if len(seen) < 100000:
                     seen[func] = hit
         if hit is None:
             return func(*args, **kwargs) if kwargs else func(*args)
         return eng.handle(hit, func, args, kwargs or {})
+
+
+def _classify(func: Any) -> Any:
+    try:
+        return names.classify(func)
+    except Exception as e:
+        report_internal_error("capture classify", e)
+        return None
 
 
 class CaptureEngine:
@@ -194,27 +211,18 @@ class CaptureEngine:
 
     # -- one call ----------------------------------------------------------------------------
     def handle(self, hit: Tuple[str, str], func: Callable, args: tuple, kwargs: dict, wrapped: bool = False) -> Any:
-        """Run ``func`` as one recorded API call; ``hit`` is its ``(Type, name)``."""
-        counters = self.counters
-        k = counters.get(hit, 0)
-        counters[hit] = k + 1
-        seq = self.seq
-        self.seq = seq + 1
-        api_type, name = hit
-        inplace = (wrapped and api_type == "Distributed") or names.is_inplace(api_type, name, args, kwargs)
-        call = ApiCall(api_type, name, k, func, args, kwargs, "optimizer" if self.opt_depth else "",
-                       inplace, seq, sys._getframe(2))
-        sinks = self.sinks
-        self.busy = True
+        """Run ``func`` as one recorded API call; ``hit`` is its ``(Type, name)``.
+
+        ``func`` runs exactly once; what capture and the sinks do around it never raises."""
         try:
-            if len(sinks) == 1:
-                wanted = sinks if sinks[0].start_call(call) else ()
-            else:
-                wanted = [s for s in sinks if s.start_call(call)]
-        finally:
+            prep = self._before(hit, func, args, kwargs, wrapped)
+        except SinkStop:
+            raise
+        except Exception as e:  # pragma: no cover - _before guards its own steps
             self.busy = False
-        if not wanted:
-            call.release()
+            report_internal_error("capture", e)
+            prep = None
+        if prep is None:
             if wrapped:
                 self.depth += 1
                 try:
@@ -222,44 +230,112 @@ class CaptureEngine:
                 finally:
                     self.depth -= 1
             return func(*args, **kwargs)
-        bw = [s for s in wanted if getattr(s, "wants_backward", True)]
-        aliases: list = []
-        grad_on = bw and _grad_enabled()
-        if grad_on and api_type != "Distributed" and not (kwargs and "out" in kwargs):
-            args, kwargs, aliases = _alias_inputs(args, kwargs, skip_first=inplace)
+        call, wanted, bw, cargs, ckwargs, aliases = prep
         if wrapped:
             self.depth += 1
             try:
-                out = func(*args, **kwargs)
+                out = func(*cargs, **ckwargs)
             finally:
                 self.depth -= 1
         else:
-            out = func(*args, **kwargs)
-        same: set = set()
+            out = func(*cargs, **ckwargs)
         if aliases:
-            out = _unalias(out, aliases, same)
+            try:
+                same: set = set()
+                out = _unalias(out, aliases, same)
+            except Exception as e:  # pragma: no cover - plain type checks
+                report_internal_error("capture unalias", e)
+                same = set()
+        else:
+            same = set()
         call.output = out
         self.busy = True
         try:
             for s in wanted:
-                s.end_call(call)
+                try:
+                    s.end_call(call)
+                except SinkStop:
+                    raise
+                except Exception as e:
+                    report_internal_error(f"{type(s).__name__}.end_call {call.forward_key}", e, s)
             if bw and _grad_enabled():
-                self._tap_backward(call, bw, out, aliases, same)
+                try:
+                    self._tap_outputs_of(call, bw, out, same)
+                except Exception as e:
+                    for s in bw:
+                        report_internal_error(f"capture backward tap {call.forward_key}", e, s)
         finally:
             self.busy = False
-            call.release()
+            try:
+                call.release()
+            except Exception as e:  # pragma: no cover
+                report_internal_error("capture release", e)
         return out
 
+    def _before(self, hit: Tuple[str, str], func: Callable, args: tuple, kwargs: dict, wrapped: bool) -> Any:
+        """Count the call, ask the sinks, alias the inputs and hook the aliases: ``(call, wanted
+        sinks, backward sinks, args, kwargs, aliases)``, or None when no sink wants the call."""
+        counters = self.counters
+        k = counters.get(hit, 0)
+        counters[hit] = k + 1
+        seq = self.seq
+        self.seq = seq + 1
+        api_type, name = hit
+        try:
+            inplace = (wrapped and api_type == "Distributed") or names.is_inplace(api_type, name, args, kwargs)
+        except Exception as e:
+            report_internal_error("capture is_inplace", e)
+            inplace = True  # the safe side: no alias for the first argument
+        call = ApiCall(api_type, name, k, func, args, kwargs, "optimizer" if self.opt_depth else "",
+                       inplace, seq, sys._getframe(3))
+        sinks = self.sinks
+        self.busy = True
+        try:
+            wanted = []
+            for s in sinks:
+                try:
+                    if s.start_call(call):
+                        wanted.append(s)
+                except SinkStop:
+                    raise
+                except Exception as e:
+                    report_internal_error(f"{type(s).__name__}.start_call {call.forward_key}", e, s)
+                    try:
+                        call.state.pop(s, None)
+                    except Exception:  # pragma: no cover
+                        pass
+        finally:
+            self.busy = False
+        if not wanted:
+            call.release()
+            return None
+        bw = [s for s in wanted if getattr(s, "wants_backward", True)]
+        aliases: list = []
+        if bw and _grad_enabled() and api_type != "Distributed" and not (kwargs and "out" in kwargs) \
+                and not (name in _SPARSE_GRAD_APIS and _any_true(args, kwargs)):
+            try:
+                args, kwargs, aliases = _alias_inputs(args, kwargs, skip_first=inplace)
+                self.busy = True
+                try:
+                    for idx, alias, orig in aliases:
+                        _register_hook(alias, self._make_hook(call, bw, "output", idx))
+                finally:
+                    self.busy = False
+            except Exception as e:
+                for s in bw:
+                    report_internal_error(f"capture alias {call.forward_key}", e, s)
+                args, kwargs, aliases = call.args, call.kwargs, []  # the user's own arguments
+        return call, wanted, bw, args, kwargs, aliases
+
     # -- backward ------------------------------------------------------------------------------
-    def _tap_backward(self, call: ApiCall, sinks: list, out: Any, aliases: list, same: set) -> None:
+    def _tap_outputs_of(self, call: ApiCall, sinks: list, out: Any, same: set) -> None:
+        """Hook the outputs (``backward_input``); the aliases were hooked before the call."""
         seen = same  # outputs that are an input given back unchanged get no tap
         if isinstance(out, _Tensor):
             if out.requires_grad and id(out) not in seen:
                 _register_hook(out, self._make_hook(call, sinks, "input", (0,)))
         else:
             self._tap_outputs(call, sinks, out, seen)
-        for idx, alias, orig in aliases:
-            _register_hook(alias, self._make_hook(call, sinks, "output", idx))
 
     def _tap_outputs(self, call: ApiCall, sinks: list, out: Any, seen: set) -> None:
         for idx, t in iter_tensors(outputs_of(out)):
@@ -277,7 +353,12 @@ class CaptureEngine:
             engine.busy = True
             try:
                 for s in sinks:
-                    s.on_backward(call, io, idx, grad)
+                    try:
+                        s.on_backward(call, io, idx, grad)
+                    except SinkStop:
+                        raise
+                    except Exception as e:
+                        report_internal_error(f"{type(s).__name__}.on_backward {call.backward_key}", e, s)
             finally:
                 engine.busy = prev
             return None
@@ -289,19 +370,31 @@ def _register_hook(t: Any, hook: Callable) -> None:
     """``t.register_hook(hook)`` (which requires grad) minus the handle object, which capture
     never uses: its taps live as long as the graph. Same dict, same ids, same order as
     ``Tensor.register_hook``; tensor subclasses go through their own ``register_hook``."""
+    # read grad_fn first: for a view whose base was changed in place since, this regenerates its
+    # grad_fn (and drops hooks of the old one); hooking a stale view crashes autograd (SIGSEGV)
+    gf = t.grad_fn
     if type(t) is not _Tensor:
         t.register_hook(hook)
         return
     d = t._backward_hooks
     if d is None:
         t._backward_hooks = OrderedDict()
-        gf = t.grad_fn
         if gf is not None:
             gf._register_hook_dict(t)
         d = t._backward_hooks
     hid = _Handle.next_id
     _Handle.next_id = hid + 1
     d[hid] = hook
+
+
+#: APIs whose gradient for a dense input is sparse with ``sparse=True`` (nn.Embedding(sparse=True)):
+#: an alias's view backward cannot reshape a sparse gradient, so their inputs get no alias
+_SPARSE_GRAD_APIS = frozenset(("embedding", "embedding_bag", "_embedding_bag"))
+
+
+def _any_true(args: tuple, kwargs: dict) -> bool:
+    """Whether some flag of the call is True (``sparse=True`` given by position or keyword)."""
+    return any(v is True for v in args) or any(v is True for v in kwargs.values())
 
 
 def _alias_inputs(args: tuple, kwargs: dict, skip_first: bool) -> Tuple[tuple, dict, list]:
@@ -348,7 +441,12 @@ def _alias_inputs(args: tuple, kwargs: dict, skip_first: bool) -> Tuple[tuple, d
 def _alias_one(v: Any, idx: Tuple[int, ...], memo: Dict[int, Any], aliases: list) -> Any:
     a = memo.get(id(v))
     if a is None:
-        a = v.view_as(v)
+        if v.layout is not _STRIDED or v.is_nested:
+            return v  # sparse/nested: a view's backward cannot reshape their gradient; no tap
+        try:
+            a = v.view_as(v)
+        except Exception:  # a tensor kind without views: no per-input tap
+            return v
         memo[id(v)] = a
         aliases.append((idx, a, v))
     return a

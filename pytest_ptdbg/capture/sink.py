@@ -7,7 +7,11 @@ are others. ``PrecisionDebugger`` builds its sinks with ``Cls(config=<DebugConfi
 (``config.py``: fields ``dump_path, hook_name, step, rank, mode, scope, api_list, filter_switch,
 input_output_mode, summary_only, acl_config, backward_input, overflow_nums``) and attaches them to
 the engine. A sink's callbacks run with capture paused (their torch calls are not recorded); an
-exception raised in one propagates into the user's code at that API call.
+exception raised in one never reaches the user's code: capture catches it, warns once per kind of
+failure (:func:`report_internal_error`) and sets the sink's ``degraded`` to the reason (the dump
+then misses that call's records), and the user's step goes on unchanged. The one exception is
+:class:`SinkStop` (``overflow_check`` stopping the run at the N-th overflow, a
+:class:`SinkUsageError`): a sink raises it on purpose and capture lets it through.
 
 Life of one recorded API call (only the outermost public PyTorch call is seen; calls made inside
 it, and any torch call a sink makes from its callbacks, are not captured)::
@@ -41,6 +45,8 @@ Sink protocol (duck-typed; subclass :class:`Sink` for the defaults):
     that returned True from ``start_call`` get these.
 ``flush() -> None``: make everything recorded so far durable (end of a start/stop segment).
 ``close() -> None``: end of a step (or of the debugger); release files.
+``degraded``: None, or the first internal error's text (set by :func:`report_internal_error`):
+    the sink's output misses records.
 
 Indexing of inputs and outputs: inputs are ``list(args) + list(kwargs.values())`` (kwargs in the
 order given), one index per position (positions holding no tensor or number get no record but keep
@@ -71,7 +77,8 @@ their index); a list/tuple argument adds a level (``input.2.0``). A single tenso
 =================  ==============================================================================
 
 No alias (hence no ``backward_output``) for: the first argument of in-place ops, calls with
-``out=``, calls under no_grad, and ``Distributed`` calls. The same tensor passed twice to one API
+``out=``, calls under no_grad, ``Distributed`` calls, sparse and nested inputs, and embedding APIs
+called with a True flag (``sparse=True`` gives a sparse gradient, which a view cannot pass on). The same tensor passed twice to one API
 gets one alias; its gradient (the sum over both uses) is reported at its first index. An output
 that is one of the inputs given back unchanged (``x.to(x.dtype)``, ``x.contiguous()``) is the
 caller's own tensor again and gets no ``backward_input`` tap.
@@ -80,12 +87,13 @@ from __future__ import annotations
 
 import linecache
 import os
+import warnings
 import weakref
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from pytest_ptdbg.dump import records
 
-__all__ = ["ApiCall", "Sink", "iter_tensors", "input_items"]
+__all__ = ["ApiCall", "Sink", "SinkStop", "SinkUsageError", "iter_tensors", "input_items", "report_internal_error"]
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -300,11 +308,48 @@ def extract_stack(frame: Any, limit: int = 30) -> List[list]:
     return out
 
 
+class SinkStop(Exception):
+    """Base of the exceptions a sink raises on purpose into the user's code (capture lets them
+    through): stopping the run (``overflow_check``), or a configuration that turns out impossible
+    at the call it applies to (:class:`SinkUsageError`)."""
+
+
+class SinkUsageError(SinkStop, ValueError):
+    """A usage error found at the call it concerns (e.g. an acl ``backward_input`` of the wrong shape)."""
+
+
+_WARNED: set = set()
+
+
+def report_internal_error(where: str, error: BaseException, sink: Any = None) -> None:
+    """An internal error of the debugger inside the user's step: never raised, warned once per
+    ``(where, exception type)``, and recorded as ``sink.degraded`` (the first reason is kept)."""
+    reason = f"{where}: {type(error).__name__}: {error}".splitlines()[0][:300]
+    if sink is not None:
+        try:
+            if getattr(sink, "degraded", None) is None:
+                sink.degraded = reason
+        except Exception:
+            pass
+    key = (where.split(" ", 1)[0], type(error).__name__)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    try:
+        warnings.warn(f"pytest-ptdbg: internal error ({reason}); the step goes on unchanged, the dump "
+                      "misses this record (further errors of this kind are not reported)",
+                      RuntimeWarning, stacklevel=2)
+    except Exception:  # warnings turned into errors (-W error): still never raise into user code
+        pass
+
+
 class Sink:
     """Base class with no-op defaults; see the module docstring for the protocol."""
 
     #: whether this sink wants ``on_backward`` calls (capture places gradient taps only then)
     wants_backward: bool = True
+    #: None, or why the sink's output misses records (see :func:`report_internal_error`)
+    degraded: Optional[str] = None
 
     def start_call(self, call: ApiCall) -> bool:  # pragma: no cover - protocol default
         return False

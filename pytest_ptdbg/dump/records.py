@@ -18,7 +18,8 @@ Lines of ``{mode}_dump.pkl`` (text, one JSON array per line)::
 
 ``extra`` (a dict, the 7th element; absent in dumps written by ptdbg) holds what ptdbg had no
 column for: ``nan`` and ``inf`` counts, ``ctx`` ("optimizer" for calls made inside
-``Optimizer.step``; absent otherwise) and ``npy`` (file name of the saved tensor, when saved).
+``Optimizer.step``; absent otherwise), ``npy`` (file name of the saved tensor, when saved) and
+``note`` (how a special tensor kind was summarised: sparse, quantized, nested, meta).
 Readers index the first six elements only and treat ``extra`` as optional.
 """
 from __future__ import annotations

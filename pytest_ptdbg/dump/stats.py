@@ -4,9 +4,13 @@
 Inf counts. Few passes and no extra host syncs: on CPU numpy's ``max``/``min``, a sum and a BLAS
 dot over the tensor's own memory; elsewhere ``aminmax`` + ``sum`` + ``vector_norm`` stacked and
 read back with one ``.tolist()``. NaN/Inf are counted only when a statistic is not finite.
+Tensor kinds the fast paths cannot read (sparse, quantized, nested, meta, unsigned 16-64 bit...)
+are summarised by :func:`special_stats` as far as they can be, with a ``note`` saying how; measuring
+a tensor never raises.
 :class:`StatsCache` remembers the statistics of recent tensors (same memory, same ``_version``)
 so that an API's output is not measured again as the next API's input, or a parameter updated
-by the optimizer again when the next step's forward reads it.
+by the optimizer again when the next step's forward reads it. Only tensors whose version counter
+can be trusted are cached (see :class:`StatsCache`).
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
-__all__ = ["TensorStats", "tensor_stats", "scalar_stats", "StatsCache", "SHARED_CACHE"]
+__all__ = ["TensorStats", "tensor_stats", "special_stats", "scalar_stats", "StatsCache", "SHARED_CACHE"]
 
 _WIDE = (torch.float32, torch.float64)
 _DTYPE_NAMES: dict = {}
@@ -28,7 +32,9 @@ _NUMPY_SUM_MAX = 2048
 
 
 _F64 = np.float64
-_NP_INTS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+_NP_INTS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64) + tuple(
+    getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n))
+_UINT64 = getattr(torch, "uint64", None)
 _MAX = np.maximum.reduce
 _MIN = np.minimum.reduce
 _ADD = np.add.reduce
@@ -36,6 +42,7 @@ _DOT = np.dot
 _isfinite = math.isfinite
 _sqrt = math.sqrt
 _float32 = torch.float32
+_STRIDED = torch.strided
 
 
 class TensorStats(NamedTuple):
@@ -43,17 +50,26 @@ class TensorStats(NamedTuple):
 
     dtype: str  # "torch.float32"
     shape: Tuple[int, ...]
-    stats: list  # [max, min, mean, l2norm] or [] (empty tensor)
+    stats: list  # [max, min, mean, l2norm] or [] (empty tensor, or a kind without readable data)
     nan: int
     inf: int
+    note: str = ""  # how a tensor of a special kind was summarised (the record's extra["note"])
 
 
 def tensor_stats(t: torch.Tensor) -> TensorStats:
     """Statistics of ``t``: floats in float32 or wider, ints exactly (sum in int64), bools as 0/1.
 
     Empty tensors have empty statistics. Complex tensors are measured on their absolute value.
-    Never records autograd history (works under any grad mode) and never changes ``t``.
+    Never records autograd history (works under any grad mode), never changes ``t`` and never
+    raises: a kind of tensor the fast paths cannot read goes to :func:`special_stats`.
     """
+    try:
+        return _dense_stats(t)
+    except Exception as e:  # sparse, quantized, nested, meta, a dtype a kernel lacks...
+        return special_stats(t, e)
+
+
+def _dense_stats(t: torch.Tensor) -> TensorStats:
     dtype = t.dtype
     dname = _DTYPE_NAMES.get(dtype)
     if dname is None:
@@ -118,7 +134,7 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
             a = a.view(np.uint8)
         mx_v = int(_MAX(a))
         mn_v = int(_MIN(a))
-        s_v = int(a.sum(dtype=np.int64))
+        s_v = float(a.sum(dtype=_F64)) if dtype_eff == _UINT64 else int(a.sum(dtype=np.int64))
         f = a.astype(np.float64)
         l2 = math.sqrt(float(np.dot(f, f)))
         if dtype == torch.bool:
@@ -154,6 +170,71 @@ def _nonfinite(x: torch.Tensor, dname: str, shape: Tuple[int, ...], n: int, mx_v
             s = float(x.sum(dtype=torch.float64))
             mean = s / n
     return TensorStats(dname, shape, [mx_v, mn_v, mean, l2], int(nan), int(inf))
+
+
+_SPARSE = tuple(getattr(torch, n) for n in ("sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
+                if hasattr(torch, n))
+
+
+def special_stats(t: torch.Tensor, error: Optional[BaseException] = None) -> TensorStats:
+    """Statistics of a tensor the dense fast paths cannot read, as far as they can be known.
+
+    Sparse: exact dense statistics from the stored values and the implicit zeros. Quantized: of the
+    dequantized values. Nested: over all components' values (shape ``[]``). Non-CPU dtypes a
+    kernel lacks: of a CPU copy. Meta tensors and anything else: empty statistics. ``note`` says
+    which; never raises.
+    """
+    try:
+        dname = str(t.dtype)
+    except Exception:  # pragma: no cover - every tensor has a dtype
+        dname = "unknown"
+    try:
+        shape = tuple(t.shape)
+    except Exception:  # nested tensors have no single shape
+        shape = ()
+    try:
+        x = t.detach()
+        if x.is_meta:
+            return TensorStats(dname, shape, [], 0, 0, "meta tensor: no data")
+        if x.is_nested:
+            parts = [c.reshape(-1) for c in x.unbind()]
+            st = _dense_stats(torch.cat(parts)) if parts else TensorStats(dname, (), [], 0, 0)
+            return TensorStats(dname, (), st.stats, st.nan, st.inf,
+                               f"nested tensor of {len(parts)} components: statistics over all their values")
+        if x.layout in _SPARSE:
+            return _sparse_stats(x, dname, shape)
+        if x.is_quantized:
+            st = _dense_stats(x.dequantize())
+            return TensorStats(dname, shape, st.stats, st.nan, st.inf, "quantized: statistics of the dequantized values")
+        if x.device.type != "cpu":
+            st = _dense_stats(x.cpu())
+            return TensorStats(dname, shape, st.stats, st.nan, st.inf, st.note)
+    except Exception as e:
+        error = e
+    why = f"{type(error).__name__}: {error}" if error is not None else "unsupported tensor kind"
+    return TensorStats(dname, shape, [], 0, 0, "not summarised (" + why.splitlines()[0][:160] + ")")
+
+
+def _sparse_stats(x: torch.Tensor, dname: str, shape: Tuple[int, ...]) -> TensorStats:
+    """Dense statistics of a sparse tensor: stored values plus the zeros they leave out."""
+    if x.layout == torch.sparse_coo:
+        x = x.coalesce()  # duplicate indices add up
+    vals = x.values()
+    n = x.numel()
+    note = f"{str(x.layout).replace('torch.', '')}: statistics of the dense tensor"
+    if n == 0:
+        return TensorStats(dname, shape, [], 0, 0, note)
+    nv = vals.numel()
+    if nv == 0:
+        z = False if x.dtype == torch.bool else 0
+        return TensorStats(dname, shape, [z, z, 0.0, 0.0], 0, 0, note)
+    st = _dense_stats(vals.reshape(-1))
+    mx_v, mn_v, mean, l2 = st.stats
+    if nv < n:  # implicit zeros
+        zero = False if x.dtype == torch.bool else 0
+        mx_v = mx_v if mx_v >= zero or mx_v != mx_v else zero
+        mn_v = mn_v if mn_v <= zero or mn_v != mn_v else zero
+    return TensorStats(dname, shape, [mx_v, mn_v, mean * nv / n, l2], st.nan, st.inf, note)
 
 
 _SCALARS: dict = {}
@@ -216,33 +297,49 @@ class StatsCache:
     in-place change never returns stale numbers. When ``size`` entries are reached, the entries
     that can no longer hit are dropped first, so the parameters stay cached from one step to the
     next even in models with thousands of API calls per step.
+
+    Only tensors whose version counter can be trusted are cached: strided, not inference tensors
+    (they have no version counter), and at least ``min_numel`` elements (small tensors are cheap to
+    measure again, and small state such as BatchNorm's running statistics is what kernels update
+    without a version bump). Data changed behind the counter's back is dropped with :meth:`forget`.
+    ``last_hit`` says whether the last :meth:`stats`/:meth:`grad_stats` call was a hit: only then
+    may a writer reuse a file saved earlier for the same data.
     """
 
-    def __init__(self, size: int = 4096, keep_recent: int = 4) -> None:
+    def __init__(self, size: int = 4096, keep_recent: int = 4, min_numel: int = 1) -> None:
         self.size = size
+        self.min_numel = max(1, int(min_numel))
         self._d: dict = {}
         # the last few measured tensors are held strongly: autograd passes a gradient on to the
         # next hook as a new view object while the previous one is already gone
         self._recent: Any = collections.deque(maxlen=keep_recent)
         self.hits = 0
         self.misses = 0
+        self.last_hit = False
 
-    @staticmethod
-    def _key(t: torch.Tensor) -> Any:
-        return _data_key(t)
+    def _ident(self, t: torch.Tensor) -> Any:
+        """``(key, version)``, or None for a tensor that is never cached."""
+        try:
+            if t.layout is not _STRIDED or t.numel() < self.min_numel or t.is_nested:
+                return None
+            return _data_key(t), t._version  # inference tensors raise here: no version counter
+        except Exception:
+            return None
 
     def get(self, t: torch.Tensor) -> Optional[TensorStats]:
-        if t.numel() == 0 or t.is_sparse:
+        ident = self._ident(t)
+        if ident is None:
             return None
-        key = _data_key(t)
+        key, ver = ident
         e = self._d.get(key)
-        if e is not None and e[1] == t._version and (e[0]() is not None or _owns_grad(e[3], key)):
+        if e is not None and e[1] == ver and (e[0]() is not None or _owns_grad(e[3], key)):
             self.hits += 1
             return e[2]
         return None
 
     def put(self, t: torch.Tensor, st: TensorStats) -> None:
-        if t.numel() == 0 or t.is_sparse:
+        ident = self._ident(t)
+        if ident is None:
             return
         if len(self._d) >= self.size:
             self._prune()
@@ -250,43 +347,36 @@ class StatsCache:
             ref = weakref.ref(t)
         except TypeError:
             return
-        self._d[_data_key(t)] = (ref, t._version, st, None)
+        self._d[ident[0]] = (ref, ident[1], st, None)
 
     def _lookup(self, t: torch.Tensor) -> Tuple[TensorStats, Any]:
         """``(statistics, key)``; key is None for tensors that are never cached."""
-        if t.is_sparse or t.numel() == 0:
+        ident = self._ident(t)
+        if ident is None:
+            self.last_hit = False
             return tensor_stats(t), None
-        key = (t.data_ptr(), t.dtype, t.shape, t.stride(), None if t.is_cpu else t.device)
-        e = self._d.get(key)
-        if e is not None and e[1] == t._version and (e[0]() is not None or _owns_grad(e[3], key)):
+        key, ver = ident
+        d = self._d
+        e = d.get(key)
+        if e is not None and e[1] == ver and (e[0]() is not None or _owns_grad(e[3], key)):
             self.hits += 1
+            self.last_hit = True
             return e[2], key
         self.misses += 1
+        self.last_hit = False
         st = tensor_stats(t)
-        d = self._d
         if len(d) >= self.size:
             self._prune()
-        d[key] = (weakref.ref(t), t._version, st, None)
+        try:
+            d[key] = (weakref.ref(t), ver, st, None)
+        except TypeError:
+            return st, None
         self._recent.append(t)
         return st, key
 
     def stats(self, t: torch.Tensor) -> TensorStats:
-        """Cached statistics of ``t``, computing them on a miss."""
-        if t.is_sparse or t.numel() == 0:
-            return tensor_stats(t)
-        key = (t.data_ptr(), t.dtype, t.shape, t.stride(), None if t.is_cpu else t.device)
-        d = self._d
-        e = d.get(key)
-        if e is not None and e[1] == t._version and (e[0]() is not None or _owns_grad(e[3], key)):
-            self.hits += 1
-            return e[2]
-        self.misses += 1
-        st = tensor_stats(t)
-        if len(d) >= self.size:
-            self._prune()
-        d[key] = (weakref.ref(t), t._version, st, None)
-        self._recent.append(t)
-        return st
+        """Cached statistics of ``t``, computing them on a miss (sets :attr:`last_hit`)."""
+        return self._lookup(t)[0]
 
     def grad_stats(self, grad: torch.Tensor, leaf: Any) -> TensorStats:
         """Statistics of a gradient produced for the leaf tensor ``leaf`` (a parameter).
@@ -309,10 +399,23 @@ class StatsCache:
     def fresh(self, t: torch.Tensor) -> TensorStats:
         """Statistics computed now, replacing any cached entry (for data changed behind autograd's
         back, e.g. by a collective, which does not bump the version counter)."""
+        self.last_hit = False
         st = tensor_stats(t)
-        if t.numel() and not t.is_sparse:
-            self._d[_data_key(t)] = (weakref.ref(t), t._version, st, None)
+        ident = self._ident(t)
+        if ident is not None:
+            try:
+                self._d[ident[0]] = (weakref.ref(t), ident[1], st, None)
+            except TypeError:
+                pass
         return st
+
+    def forget(self, t: Any) -> None:
+        """Drop the entry of ``t``'s data (written without a version bump, e.g. BatchNorm's
+        running statistics inside ``batch_norm``)."""
+        try:
+            self._d.pop(_data_key(t), None)
+        except Exception:
+            pass
 
     def _prune(self) -> None:
         """Full: forget the entries that can no longer hit (tensor and owning leaf gone); when
@@ -331,4 +434,4 @@ class StatsCache:
 
 #: one cache per process: statistics stay valid across steps (a parameter updated by the
 #: optimizer at the end of step k is the same data the model reads at step k+1)
-SHARED_CACHE = StatsCache()
+SHARED_CACHE = StatsCache(min_numel=256)

@@ -38,7 +38,7 @@ import torch
 
 from pytest_ptdbg.capture.call_spec import encode_call_json
 from pytest_ptdbg.capture.select import Selector, filtered_out
-from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors
+from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors, report_internal_error
 from pytest_ptdbg.dump import manifest, records
 from pytest_ptdbg.dump.stats import SHARED_CACHE, TensorStats, scalar_stats
 
@@ -582,6 +582,8 @@ def _body(st: TensorStats) -> str:
     if "n" in stats or "T" in stats or "F" in stats:  # nan, inf, True, False
         stats = "[" + ", ".join([_num(v) for v in vals]) + "]"
     body = f'"{st.dtype}", {list(st.shape)}, {stats}, {{"nan": {st.nan}, "inf": {st.inf}'
+    if st.note:
+        body += ', "note": ' + json.dumps(st.note)
     if len(_BODIES) >= 4096:
         _BODIES.clear()
     _BODIES[id(st)] = (st, body)  # holding ``st`` keeps its id from being reused
@@ -607,6 +609,16 @@ def record_line(key: str, st: TensorStats, rg: Optional[bool], ctx: str, npy: Op
 
 #: API types whose in-place writes bypass autograd's version counter
 _OPAQUE_TYPES = ("Distributed", "NPU")
+#: APIs whose kernels write tensors among their inputs without a version bump (BatchNorm's
+#: running statistics): after the call, cached statistics and saved files of their inputs are stale
+_WRITES_INPUTS = frozenset((
+    ("Functional", "batch_norm"), ("Functional", "instance_norm"), ("Torch", "batch_norm"),
+    ("Torch", "instance_norm"), ("Torch", "native_batch_norm"), ("Torch", "_native_batch_norm_legit"),
+    ("Torch", "_native_batch_norm_legit_no_training"), ("Torch", "cudnn_batch_norm"),
+    ("Torch", "miopen_batch_norm"), ("Torch", "_batch_norm_impl_index"), ("Torch", "batch_norm_update_stats"),
+    ("Torch", "_batch_norm_with_update"), ("Functional", "sync_batch_norm"),
+))
+_STRIDED = torch.strided
 #: the state of a call whose forward is done and whose backward is awaited
 _BWD_ONLY = (True, True, None, None)
 #: gradient lines are written in batches of at most this many (see the module docstring)
@@ -653,7 +665,8 @@ class DumpSink(Sink):
         """Append the lines of ``items`` (an index-ordered list) to ``lines``; returns the unused spec."""
         save = self.save_data
         filt = self.filter_on
-        stats = self.cache.fresh if fresh else self.cache.stats
+        cache = self.cache
+        stats = cache.fresh if fresh else cache.stats
         prefix = f"{api}_{io}."
         for i, v in enumerate(items):
             tv = type(v)
@@ -661,12 +674,17 @@ class DumpSink(Sink):
                 spec = self._nested(prefix, (i,), v, ctx, lines, spec, fresh)
                 continue
             if isinstance(v, _Tensor):
-                if filt and filtered_out(v):
+                try:
+                    if filt and filtered_out(v):
+                        continue
+                    st = stats(v)
+                    key = prefix + str(i)
+                    # a file saved earlier is reused only for data the cache vouches for
+                    npy = self._save(key, v, cache.last_hit) if save else None
+                    lines.append(record_line(key, st, v.requires_grad, ctx, npy, spec))
+                except Exception as e:
+                    report_internal_error(f"record {prefix}{i}", e, self)
                     continue
-                st = stats(v)
-                key = prefix + str(i)
-                npy = self.writer.save(key, v, not fresh) if save else None
-                lines.append(record_line(key, st, v.requires_grad, ctx, npy, spec))
             else:
                 if filt or tv is bool:  # flags (inplace=False, ...) live in the call spec only
                     continue
@@ -679,24 +697,41 @@ class DumpSink(Sink):
 
     def _nested(self, prefix: str, base: Tuple[int, ...], value: Any, ctx: str, lines: list,
                 spec: Any, fresh: bool) -> Any:
-        stats = self.cache.fresh if fresh else self.cache.stats
+        cache = self.cache
+        stats = cache.fresh if fresh else cache.stats
         for idx, v in iter_tensors(value, base):
-            if isinstance(v, _Tensor):
-                if self.filter_on and filtered_out(v):
-                    continue
-                st = stats(v)
-            else:
-                if self.filter_on or type(v) is bool:
-                    continue
-                st = scalar_stats(v)
-                if st is None:
-                    continue
             key = prefix + ".".join([str(i) for i in idx])
-            is_t = isinstance(v, _Tensor)
-            npy = self.writer.save(key, v, not fresh) if self.save_data and is_t else None
-            lines.append(record_line(key, st, v.requires_grad if is_t else None, ctx, npy, spec))
+            try:
+                if isinstance(v, _Tensor):
+                    if self.filter_on and filtered_out(v):
+                        continue
+                    st = stats(v)
+                    npy = self._save(key, v, cache.last_hit) if self.save_data else None
+                    lines.append(record_line(key, st, v.requires_grad, ctx, npy, spec))
+                else:
+                    if self.filter_on or type(v) is bool:
+                        continue
+                    st = scalar_stats(v)
+                    if st is None:
+                        continue
+                    lines.append(record_line(key, st, None, ctx, None, spec))
+            except Exception as e:
+                report_internal_error(f"record {key}", e, self)
+                continue
             spec = None
         return spec
+
+    def _save(self, key: str, t: Any, link: bool) -> Optional[str]:
+        """Save ``t`` (a snapshot of it as it is now) as ``{key}.npy``; returns the file name or
+        None. Sparse tensors are saved dense, quantized ones dequantized, inference tensors as a
+        normal copy; meta and nested tensors have no file. ``link``: a file saved earlier for the
+        same data may be reused."""
+        if t.layout is not _STRIDED or t.is_quantized or t.is_meta or t.is_nested or t.is_inference():
+            t = _saveable(t)
+            if t is None:
+                return None
+            link = False
+        return self.writer.save(key, t, link)
 
     # -- sink protocol -----------------------------------------------------------------------
     def start_call(self, call: ApiCall) -> bool:
@@ -709,6 +744,8 @@ class DumpSink(Sink):
         else:
             fwd, bwd = self.selector.directions(call)
             if not (fwd or bwd):
+                if (call.api_type, call.api_name) in _WRITES_INPUTS or call.api_type in _OPAQUE_TYPES:
+                    self._forget_inputs(call)  # nothing caches them before the kernel runs
                 return False
         lines: list = []
         spec = None
@@ -732,6 +769,9 @@ class DumpSink(Sink):
         if st is None:
             return
         fwd, bwd, lines, spec = st
+        fresh = call.api_type in _OPAQUE_TYPES  # they write tensors without a version bump
+        if fresh or (call.api_type, call.api_name) in _WRITES_INPUTS:
+            self._forget_inputs(call)
         if not fwd:
             if self.with_stack:
                 call.stack
@@ -739,7 +779,6 @@ class DumpSink(Sink):
         api = call.forward_key
         if self._keep_fwd_out:
             out = call.output
-            fresh = call.api_type in _OPAQUE_TYPES  # they write tensors without a version bump
             if call.inplace and not _has_tensor(out) and call.args:
                 out = call.args[0]  # in-place collectives and the like return None/Work
             items = list(out) if isinstance(out, (list, tuple)) and not hasattr(out, "shape") else (out,)
@@ -755,6 +794,14 @@ class DumpSink(Sink):
         else:
             del call.state[self]
 
+    def _forget_inputs(self, call: ApiCall) -> None:
+        """The call's kernel may have written its inputs without a version bump: their cached
+        statistics (and files saved for them, which the cache vouches for) are stale."""
+        items = list(call.args) + list(call.kwargs.values()) if call.kwargs else call.args
+        for _, v in iter_tensors(items):
+            if isinstance(v, _Tensor):
+                self.cache.forget(v)
+
     def on_backward(self, call: ApiCall, io: str, index: Tuple[int, ...], grad: Any) -> None:
         st = call.state.get(self)
         if st is None or not st[1] or not self._keep_bwd[io]:
@@ -762,14 +809,18 @@ class DumpSink(Sink):
         if self.filter_on and filtered_out(grad):
             return
         api = call.backward_key
-        if io == "output":
-            leaf = call.input_at(index)
-            s = self.cache.grad_stats(grad, leaf if leaf is not None and getattr(leaf, "is_leaf", False) else None)
-        else:
-            s = self.cache.stats(grad)
         key = f"{api}_{io}.{index[0]}" if len(index) == 1 else records.tensor_key(api, io, index)
-        npy = self.writer.save(key, grad) if self.save_data else None
-        line = record_line(key, s, None, call.ctx, npy, None)
+        try:
+            if io == "output":
+                leaf = call.input_at(index)
+                s = self.cache.grad_stats(grad, leaf if leaf is not None and getattr(leaf, "is_leaf", False) else None)
+            else:
+                s = self.cache.stats(grad)
+            npy = self._save(key, grad, self.cache.last_hit) if self.save_data else None
+            line = record_line(key, s, None, call.ctx, npy, None)
+        except Exception as e:
+            report_internal_error(f"record {key}", e, self)
+            return
         seq = call.seq
         if seq not in self._bw_started:
             self._bw_started.add(seq)
@@ -805,6 +856,21 @@ class DumpSink(Sink):
         self._write_pending()
         self.writer.close()
         self._bw_started.clear()
+
+
+def _saveable(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """A strided tensor holding ``t``'s values for a ``.npy`` file, or None (no data: meta, nested)."""
+    x = t.detach()
+    if x.is_meta or x.is_nested:
+        return None
+    if x.layout is not _STRIDED:
+        x = x.to_dense()
+    if x.is_quantized:
+        x = x.dequantize()
+    if x.is_inference():
+        with torch.inference_mode(False):
+            x = x.clone()  # a normal tensor: inference tensors have no version counter
+    return x
 
 
 def _has_tensor(v: Any) -> bool:

@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from pytest_ptdbg.capture.sink import Sink
+from pytest_ptdbg.capture.sink import Sink, SinkUsageError
 from pytest_ptdbg.dump import records
 from pytest_ptdbg.single_api import package as pkgmod
 from pytest_ptdbg.single_api.snapshot import CallSnapshot, base_meta, device_of
@@ -250,10 +250,10 @@ class AclSink(Sink):
         for idx, arr in self.grads.items():
             o = outs.get("output." + idx)
             if o is None:
-                raise ValueError(f"mode='acl' {self.scope}: backward_input for output {idx} given, but the API "
+                raise SinkUsageError(f"mode='acl' {self.scope}: backward_input for output {idx} given, but the API "
                                  f"has outputs {sorted(outs) or 'none'}")
             if tuple(arr.shape) != tuple(o.shape):
-                raise ValueError(f"mode='acl' {self.scope}: backward_input for output {idx} has shape "
+                raise SinkUsageError(f"mode='acl' {self.scope}: backward_input for output {idx} has shape "
                                  f"{list(arr.shape)}, the output has {list(o.shape)}")
         return {idx: (arr, str(outs["output." + idx].dtype)) for idx, arr in self.grads.items()}
 
