@@ -18,14 +18,14 @@ __version__ = "0.1.0"
 #: public name -> module that defines it
 _EXPORTS = {
     "PrecisionDebugger": "pytest_ptdbg.debugger",
-    "seed_all": "pytest_ptdbg.seed",
-    "compare": "pytest_ptdbg.comparison.api",
-    "compare_distributed": "pytest_ptdbg.comparison.api",
-    "CompareResult": "pytest_ptdbg.comparison.api",
+    "seed_all": "pytest_ptdbg.runtime.seed",
+    "compare": "pytest_ptdbg.api",
+    "compare_distributed": "pytest_ptdbg.api",
+    "CompareResult": "pytest_ptdbg.api",
     "parse": "pytest_ptdbg.parsing",
-    "assert_precision": "pytest_ptdbg.assertions",
-    "PrecisionError": "pytest_ptdbg.assertions",
-    "replay": "pytest_ptdbg.single_api.runner",
+    "assert_precision": "pytest_ptdbg.plugin.assertions",
+    "PrecisionError": "pytest_ptdbg.plugin.assertions",
+    "replay": "pytest_ptdbg.judge.runner",
     "ReplayRefused": "pytest_ptdbg.judge.errors",
 }
 

@@ -26,8 +26,8 @@ import warnings
 import weakref
 from typing import Any, List, Optional
 
-from pytest_ptdbg import config as _config
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.runtime import config as _config
+from pytest_ptdbg.format import records
 
 __all__ = ["PrecisionDebugger"]
 
@@ -141,9 +141,9 @@ class PrecisionDebugger:
         cfg = self.config
         rdir = self._rank_dir(rank)
         if cfg.hook_name == "overflow_check":
-            cls = _import_sink("pytest_ptdbg.single_api.overflow", "OverflowSink", "hook_name='overflow_check'")
+            cls = _import_sink("pytest_ptdbg.sinks.overflow", "OverflowSink", "hook_name='overflow_check'")
         elif cfg.mode == "acl":
-            cls = _import_sink("pytest_ptdbg.single_api.acl", "AclSink", "mode='acl'")
+            cls = _import_sink("pytest_ptdbg.sinks.acl", "AclSink", "mode='acl'")
         else:
             from pytest_ptdbg.dump.writer import DumpSink
 

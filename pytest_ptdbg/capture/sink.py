@@ -83,7 +83,7 @@ import os
 import weakref
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 
 __all__ = ["ApiCall", "Sink", "iter_tensors", "input_items"]
 

@@ -29,9 +29,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from pytest_ptdbg.capture.sink import Sink
-from pytest_ptdbg.dump import records
-from pytest_ptdbg.single_api import package as pkgmod
-from pytest_ptdbg.single_api.snapshot import CallSnapshot, base_meta, device_of
+from pytest_ptdbg.format import records
+from pytest_ptdbg.judge import package as pkgmod
+from pytest_ptdbg.sinks.snapshot import CallSnapshot, base_meta, device_of
 
 __all__ = ["AclConfig", "load_acl_config", "AclSink", "load_backward_input"]
 
@@ -221,7 +221,7 @@ class AclSink(Sink):
             print(f"ptdbg acl: {self.scope} saved in {pkg.path}, not replayed: {exc}", file=sys.stderr)
 
     def _rerun(self, pkg: Any, snap: Any, call: Any, grads: Any, meta: dict, device: Any) -> None:
-        from pytest_ptdbg.single_api.runner import replay_package, run_package
+        from pytest_ptdbg.judge.runner import replay_package, run_package
 
         with kernel_dump(self.acl, device) as on:
             if self.backward:

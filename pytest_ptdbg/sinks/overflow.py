@@ -36,7 +36,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from pytest_ptdbg.capture.sink import Sink
-from pytest_ptdbg.single_api.snapshot import CallSnapshot, base_meta, device_of, index_str
+from pytest_ptdbg.sinks.snapshot import CallSnapshot, base_meta, device_of, index_str
 
 __all__ = ["OverflowSink", "OverflowDetected", "classify", "tensor_status"]
 
