@@ -24,9 +24,13 @@ _EXPORTS = {
     "CompareResult": "pytest_ptdbg.api",
     "parse": "pytest_ptdbg.parsing",
     "assert_precision": "pytest_ptdbg.plugin.assertions",
-    "PrecisionError": "pytest_ptdbg.plugin.assertions",
+    "PrecisionError": "pytest_ptdbg.errors",
+    "PtdbgError": "pytest_ptdbg.errors",
+    "ConfigError": "pytest_ptdbg.errors",
+    "DeviceUnavailable": "pytest_ptdbg.errors",
+    "DumpPathInUseError": "pytest_ptdbg.errors",
     "replay": "pytest_ptdbg.judge.runner",
-    "ReplayRefused": "pytest_ptdbg.judge.errors",
+    "ReplayRefused": "pytest_ptdbg.errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

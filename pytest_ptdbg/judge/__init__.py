@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from pytest_ptdbg.judge.errors import NotReplayable, ReplayRefused
+from pytest_ptdbg.errors import NotReplayable, ReplayRefused
 
 _EXPORTS = {
     "replay": "pytest_ptdbg.judge.runner",

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Tuple
 import torch
 
 from pytest_ptdbg.judge import allowlist
-from pytest_ptdbg.judge.errors import NotReplayable, ReplayRefused
+from pytest_ptdbg.errors import NotReplayable, ReplayRefused
 
 __all__ = ["decode_call", "check_call", "family_of"]
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from pytest_ptdbg.format import records
 from pytest_ptdbg.dump import reader
-from pytest_ptdbg.judge.errors import ReplayRefused
+from pytest_ptdbg.errors import ReplayRefused
 
 __all__ = ["ReplayVerdict", "check_suspects", "check_apis", "replay_section", "OWN_SHARE"]
 

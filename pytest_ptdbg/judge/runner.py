@@ -17,16 +17,15 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from pytest_ptdbg.judge.errors import ReplayRefused
+from pytest_ptdbg.errors import ReplayRefused
 from pytest_ptdbg.judge import package as pkgmod
 from pytest_ptdbg.judge.package import Package
+from pytest_ptdbg.errors import ReplayError
 
 __all__ = ["replay", "replay_package", "run_package", "resolve_api", "ReplayResult", "TensorCheck",
            "ReplayError", "ReplayRefused"]
 
 
-class ReplayError(RuntimeError):
-    """The package could not be run (unknown API, unavailable device, unreplayable argument)."""
 
 
 # ---------------------------------------------------------------------------------------------

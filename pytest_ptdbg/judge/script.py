@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 from pytest_ptdbg.format import records
 from pytest_ptdbg.judge import allowlist
 from pytest_ptdbg.judge.arguments import check_call, family_of
-from pytest_ptdbg.judge.errors import ReplayRefused
+from pytest_ptdbg.errors import ReplayRefused
 from pytest_ptdbg.judge import package as pkgmod
 from pytest_ptdbg.judge.runner import ReplayError, api_path
 

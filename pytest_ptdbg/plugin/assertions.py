@@ -12,16 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from pytest_ptdbg.plugin.options import Settings, per_test
+from pytest_ptdbg.errors import PrecisionError
 
 __all__ = ["PrecisionError", "assert_precision", "evaluate", "Evaluation"]
 
 
-class PrecisionError(AssertionError):
-    """A comparison is out of tolerance; the message is the advisor's explanation."""
-
-    def __init__(self, message: str, evaluation: Optional["Evaluation"] = None) -> None:
-        super().__init__(message)
-        self.evaluation = evaluation
 
 
 @dataclass

@@ -210,7 +210,7 @@ class AclSink(Sink):
             grads = self._check_grads(call.output)
             meta["backward_input_files"] = self.grad_files
         pkg = snap.write(self.out_dir, self.target.direction, call.output, backward_input=grads, meta=meta)
-        from pytest_ptdbg.judge.errors import ReplayRefused
+        from pytest_ptdbg.errors import ReplayRefused
 
         try:
             self._rerun(pkg, snap, call, grads, meta, device)
