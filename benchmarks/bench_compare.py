@@ -109,7 +109,9 @@ def measure(d: str, reps: int, workers: int, trace: bool) -> dict:
     import numpy as np  # noqa: F401  (imports counted before the baseline)
     import pandas  # noqa: F401
 
-    from pytest_ptdbg.comparison import api, table
+    from pytest_ptdbg import api
+
+    from pytest_ptdbg.comparison import table
     from pytest_ptdbg.dump import reader
 
     table.WORKERS = workers

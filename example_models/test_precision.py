@@ -17,7 +17,7 @@ import pytest
 
 import example_models as em
 from pytest_ptdbg import PrecisionError
-from pytest_ptdbg.dump.records import parse_name
+from pytest_ptdbg.format.records import parse_name
 
 MODELS = ["mlp", "cnn", "tiny_gpt", "lstm"]
 

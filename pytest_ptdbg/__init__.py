@@ -18,15 +18,19 @@ __version__ = "0.1.0"
 #: public name -> module that defines it
 _EXPORTS = {
     "PrecisionDebugger": "pytest_ptdbg.debugger",
-    "seed_all": "pytest_ptdbg.seed",
-    "compare": "pytest_ptdbg.comparison.api",
-    "compare_distributed": "pytest_ptdbg.comparison.api",
-    "CompareResult": "pytest_ptdbg.comparison.api",
+    "seed_all": "pytest_ptdbg.runtime.seed",
+    "compare": "pytest_ptdbg.api",
+    "compare_distributed": "pytest_ptdbg.api",
+    "CompareResult": "pytest_ptdbg.api",
     "parse": "pytest_ptdbg.parsing",
-    "assert_precision": "pytest_ptdbg.assertions",
-    "PrecisionError": "pytest_ptdbg.assertions",
-    "replay": "pytest_ptdbg.single_api.runner",
-    "ReplayRefused": "pytest_ptdbg.judge.errors",
+    "assert_precision": "pytest_ptdbg.plugin.assertions",
+    "PrecisionError": "pytest_ptdbg.errors",
+    "PtdbgError": "pytest_ptdbg.errors",
+    "ConfigError": "pytest_ptdbg.errors",
+    "DeviceUnavailable": "pytest_ptdbg.errors",
+    "DumpPathInUseError": "pytest_ptdbg.errors",
+    "replay": "pytest_ptdbg.judge.runner",
+    "ReplayRefused": "pytest_ptdbg.errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -26,8 +26,9 @@ import warnings
 import weakref
 from typing import Any, List, Optional
 
-from pytest_ptdbg import config as _config
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.errors import ConfigError
+from pytest_ptdbg.runtime import config as _config
+from pytest_ptdbg.format import records
 
 __all__ = ["PrecisionDebugger"]
 
@@ -89,7 +90,7 @@ class PrecisionDebugger:
             rank=_config.validate_rank(rank),
         )
         if enable_dataloader:
-            raise ValueError("invalid enable_dataloader=True: allowed values are False (not supported)")
+            raise ConfigError("invalid enable_dataloader=True: allowed values are False (not supported)")
         self.current_step = 0
         self._engine: Any = None
         self._sinks: List[Any] = []
@@ -141,9 +142,9 @@ class PrecisionDebugger:
         cfg = self.config
         rdir = self._rank_dir(rank)
         if cfg.hook_name == "overflow_check":
-            cls = _import_sink("pytest_ptdbg.single_api.overflow", "OverflowSink", "hook_name='overflow_check'")
+            cls = _import_sink("pytest_ptdbg.sinks.overflow", "OverflowSink", "hook_name='overflow_check'")
         elif cfg.mode == "acl":
-            cls = _import_sink("pytest_ptdbg.single_api.acl", "AclSink", "mode='acl'")
+            cls = _import_sink("pytest_ptdbg.sinks.acl", "AclSink", "mode='acl'")
         else:
             from pytest_ptdbg.dump.writer import DumpSink
 
@@ -260,7 +261,7 @@ def _import_sink(module: str, name: str, what: str) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
-        raise ValueError(
+        raise ConfigError(
             f"{what} needs {module}.{name}, which cannot be imported ({e}); "
             "allowed without it: hook_name='dump' with mode in "
             "'api_stack', 'all', 'list', 'range', 'stack', 'api_list'"

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 
 
 @dataclass

@@ -10,9 +10,9 @@ import torch
 
 from example_models.models import cnn, mlp, tiny_gpt, train_step
 from pytest_ptdbg import PrecisionDebugger
-from pytest_ptdbg.single_api import replay
-from pytest_ptdbg.single_api.acl import load_acl_config
-from pytest_ptdbg.single_api.package import load_package
+from pytest_ptdbg.judge import replay
+from pytest_ptdbg.sinks.acl import load_acl_config
+from pytest_ptdbg.judge.package import load_package
 
 
 def _acl_config(d, dump_path="acl_out", **over):

@@ -14,10 +14,12 @@ from torch import relu as captured_relu  # captured before any debugger starts
 from example_models import lstm, mlp, train_step
 from pytest_ptdbg import PrecisionDebugger
 from pytest_ptdbg.capture import names
-from pytest_ptdbg.capture.call_spec import NotReplayable, decode_call, encode_call, encode_call_json
+from pytest_ptdbg.dump.call_spec import encode_call, encode_call_json
+from pytest_ptdbg.errors import NotReplayable
+from pytest_ptdbg.judge.arguments import decode_call
 from pytest_ptdbg.capture.engine import CaptureEngine
 from pytest_ptdbg.capture.sink import Sink
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 
 CAPTURED_CE = F.cross_entropy
 

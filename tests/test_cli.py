@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from pytest_ptdbg import cli
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 
 import dumps
 

@@ -9,7 +9,7 @@ import pytest
 
 from pytest_ptdbg import compare
 from pytest_ptdbg.comparison.table import FULL_COLUMNS, SUMMARY_COLUMNS
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 
 import dumps
 
@@ -206,7 +206,7 @@ def test_msprobe_dumps(tmp_path):
 
 
 def test_two_compares_in_one_second_keep_both_outputs(tmp_path, monkeypatch):
-    from pytest_ptdbg.comparison import api
+    from pytest_ptdbg import api
 
     monkeypatch.setattr(api, "_timestamp", lambda: "20260101000000")
     npu, bench = _pair(tmp_path, dumps.mlp_apis(noise=1e-6), dumps.mlp_apis())

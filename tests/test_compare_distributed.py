@@ -3,7 +3,7 @@ import os
 import pytest
 
 from pytest_ptdbg import compare_distributed
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 
 import dumps
 

@@ -8,7 +8,7 @@ import torch
 
 from example_models import cnn, lstm, mlp, tiny_gpt, train_step
 from pytest_ptdbg import PrecisionDebugger, seed_all
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 
 
 def read_pkl(path):

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,6 +1,6 @@
 import torch
 
-from pytest_ptdbg.device import available_devices, has_npu, seed_devices
+from pytest_ptdbg.runtime.device import available_devices, has_npu, seed_devices
 
 
 def test_devices_on_this_machine():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 from pytest_ptdbg.dump.stats import TensorStats
 from pytest_ptdbg.dump.writer import RankWriter, record_line, replace_dir, save_npy
 

@@ -182,7 +182,7 @@ def test_faulty_layer_out_of_range():
 # ------------------------------------------------------------------------------- the demo
 
 def test_demo_dumps_one_step_and_summarises(tmp_path, capsys):
-    from pytest_ptdbg import demo
+    from pytest_ptdbg.cli import demo
 
     out = tmp_path / "report"
     assert demo.main(["--out", str(out), "--model", "mlp", "--summary-only"]) == 0
@@ -204,7 +204,7 @@ def test_demo_dumps_one_step_and_summarises(tmp_path, capsys):
 
 
 def test_demo_summary_reports_a_truncated_line(tmp_path):
-    from pytest_ptdbg import demo
+    from pytest_ptdbg.cli import demo
 
     assert demo.main(["--out", str(tmp_path), "--model", "mlp", "--summary-only"]) == 0
     rank0 = tmp_path / "ptdbg_dump_v4.0" / "step0" / "rank0"
@@ -218,7 +218,7 @@ def test_demo_summary_reports_a_truncated_line(tmp_path):
 
 
 def test_demo_bad_model_is_a_clear_error(tmp_path, capsys):
-    from pytest_ptdbg import demo
+    from pytest_ptdbg.cli import demo
 
     with pytest.raises(SystemExit):
         demo.main(["--out", str(tmp_path), "--model", "resnet"])

@@ -9,10 +9,10 @@ import torch
 
 from example_models.models import mlp, tiny_gpt, train_step
 from pytest_ptdbg import PrecisionDebugger
-from pytest_ptdbg.single_api import replay
-from pytest_ptdbg.single_api.overflow import (FINITE, INF, INPUTS_NONFINITE, NAN, PRODUCED, SAT, SATURATED,
+from pytest_ptdbg.judge import replay
+from pytest_ptdbg.sinks.overflow import (FINITE, INF, INPUTS_NONFINITE, NAN, PRODUCED, SAT, SATURATED,
                                           OverflowDetected, classify, tensor_status)
-from pytest_ptdbg.single_api.package import load_package
+from pytest_ptdbg.judge.package import load_package
 
 
 def _run(tmp_path, hooks, overflow_nums=None, batch_fn=None, name="ov"):
@@ -137,7 +137,7 @@ def test_attention_mask_infinity_is_not_an_overflow(tmp_path):
 def test_bad_overflow_nums(tmp_path):
     from types import SimpleNamespace
 
-    from pytest_ptdbg.single_api.overflow import OverflowSink
+    from pytest_ptdbg.sinks.overflow import OverflowSink
 
     dbg = PrecisionDebugger(dump_path=str(tmp_path / "d"), hook_name="overflow_check", step=[0])
     with pytest.raises(ValueError, match="overflow_nums"):

@@ -1,7 +1,7 @@
 import os
 
 from pytest_ptdbg import parse
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 
 import dumps
 

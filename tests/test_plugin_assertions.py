@@ -9,11 +9,11 @@ import torch
 
 import example_models as em
 from pytest_ptdbg import PrecisionError, assert_precision, compare
-from pytest_ptdbg.assertions import evaluate
-from pytest_ptdbg.plugin_compat import to_thresholds
-from pytest_ptdbg.plugin_options import Settings
-from pytest_ptdbg.plugin_rejudge import rejudge_table
-from pytest_ptdbg.plugin_run import preserved_rng, run_model
+from pytest_ptdbg.plugin.assertions import evaluate
+from pytest_ptdbg.plugin.compat import to_thresholds
+from pytest_ptdbg.plugin.options import Settings
+from pytest_ptdbg.comparison.rejudge import rejudge_table
+from pytest_ptdbg.plugin.run import preserved_rng, run_model
 
 
 def _flip_second_layer(model, batch):

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 import example_models as em
-from pytest_ptdbg.plugin_random import CpuRandom
+from pytest_ptdbg.plugin.rng import CpuRandom
 
 
 def _draws(seed):
@@ -38,8 +38,8 @@ def test_dropout_semantics():
 
 
 def test_gradients_flow_and_dropout_is_one_recorded_api(tmp_path):
-    from pytest_ptdbg.plugin_options import Settings
-    from pytest_ptdbg.plugin_run import locate_dump, run_model
+    from pytest_ptdbg.plugin.options import Settings
+    from pytest_ptdbg.plugin.run import locate_dump, run_model
 
     model, batch = em.tiny_gpt(n_layers=1)
     side = run_model(model, batch, em.forward_step, device=torch.device("cpu"), dtype="float32",

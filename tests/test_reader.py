@@ -4,7 +4,9 @@ import os
 import numpy as np
 import pytest
 
-from pytest_ptdbg.dump import records, reader
+from pytest_ptdbg.format import records
+
+from pytest_ptdbg.dump import reader
 from pytest_ptdbg.dump.npy import NpyStream, load_npy
 
 import dumps

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pytest_ptdbg.single_api import cli as replay_cli
-from pytest_ptdbg.single_api.package import load_package, package_call, write_package, encode_call
-from pytest_ptdbg.single_api.runner import ReplayError, replay, run_package
-from pytest_ptdbg.single_api.script import write_script
+from pytest_ptdbg.cli import replay as replay_cli
+from pytest_ptdbg.judge.package import load_package, package_call, write_package, encode_call
+from pytest_ptdbg.judge.runner import ReplayError, replay, run_package
+from pytest_ptdbg.judge.script import write_script
 
 
 def _gen(seed: int = 0) -> torch.Generator:

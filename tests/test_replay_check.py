@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from example_models.models import mlp, train_step
 from pytest_ptdbg import PrecisionDebugger
-from pytest_ptdbg.advise.replay_check import check_apis, check_suspects, replay_section
+from pytest_ptdbg.judge.replay_check import check_apis, check_suspects, replay_section
 
 
 SCALE = 1000.0
@@ -69,7 +69,7 @@ def test_own_and_inherited_errors_are_separated(dumps):
 
 
 def test_check_suspects_from_the_advisor(dumps, tmp_path):
-    from pytest_ptdbg.comparison.api import compare
+    from pytest_ptdbg.api import compare
 
     npu, bench = dumps
     res = compare({"npu_pkl_path": npu, "bench_pkl_path": bench, "is_print_compare_log": False},

@@ -185,7 +185,7 @@ class Advice:
             if more > 0:
                 lines.append(f"  ... and {more} more")
         if self.replay:
-            from pytest_ptdbg.advise.replay_check import replay_section
+            from pytest_ptdbg.judge.replay_check import replay_section
 
             lines += ["", replay_section(self.replay).rstrip("\n")]
         lines += ["", PASS_FRACTION_NOTE]

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import pandas as pd
 
-from pytest_ptdbg.dump.records import parse_name
+from pytest_ptdbg.format.records import parse_name
 
 CSV_COLUMNS = [
     "NPU Name", "Bench Name", "NPU Tensor Dtype", "Bench Tensor Dtype", "NPU Tensor Shape",

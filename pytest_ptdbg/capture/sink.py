@@ -91,7 +91,8 @@ import warnings
 import weakref
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
+from pytest_ptdbg.errors import SinkStop, SinkUsageError  # noqa: F401  (re-exported)
 
 __all__ = ["ApiCall", "Sink", "SinkStop", "SinkUsageError", "iter_tensors", "input_items", "report_internal_error"]
 
@@ -306,16 +307,6 @@ def extract_stack(frame: Any, limit: int = 30) -> List[list]:
     if len(_CHAINS) < 20000 and len(cache) < 200000:
         _CHAINS[key] = out
     return out
-
-
-class SinkStop(Exception):
-    """Base of the exceptions a sink raises on purpose into the user's code (capture lets them
-    through): stopping the run (``overflow_check``), or a configuration that turns out impossible
-    at the call it applies to (:class:`SinkUsageError`)."""
-
-
-class SinkUsageError(SinkStop, ValueError):
-    """A usage error found at the call it concerns (e.g. an acl ``backward_input`` of the wrong shape)."""
 
 
 _WARNED: set = set()

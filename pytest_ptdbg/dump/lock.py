@@ -14,6 +14,7 @@ import errno
 import os
 import weakref
 from typing import Optional
+from pytest_ptdbg.errors import DumpPathInUseError
 
 try:
     import fcntl
@@ -23,8 +24,6 @@ except ImportError:  # pragma: no cover - Windows
 __all__ = ["DumpPathInUseError", "RankLock", "acquire_rank_lock", "lock_path"]
 
 
-class DumpPathInUseError(RuntimeError):
-    """Another writer holds the dump of this path, step and rank (a usage error, raised at ``start()``)."""
 
 
 def lock_path(rank_dir: str) -> str:

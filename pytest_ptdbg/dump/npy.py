@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 
 #: dtype kinds a record dtype may be stored as (bf16 is saved as float32; the record is authoritative)
 _KINDS = {"f": "fc", "c": "c", "i": "iu", "u": "iu", "b": "b"}

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 
 MSPROBE_JSON = "dump.json"
 MSPROBE_STACK = "stack.json"

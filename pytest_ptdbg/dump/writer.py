@@ -36,10 +36,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from pytest_ptdbg.capture.call_spec import encode_call_json
-from pytest_ptdbg.capture.select import Selector, filtered_out
 from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors, report_internal_error
-from pytest_ptdbg.dump import manifest, records
+from pytest_ptdbg.dump.call_spec import encode_call_json
+from pytest_ptdbg.dump.select import Selector, filtered_out
+from pytest_ptdbg.format import manifest, records
 from pytest_ptdbg.dump.stats import SHARED_CACHE, TensorStats, scalar_stats
 
 __all__ = ["RankWriter", "AsyncRankWriter", "DumpSink", "save_npy", "replace_dir"]

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from pytest_ptdbg.judge.errors import ReplayRefused
+from pytest_ptdbg.errors import ReplayRefused
 
 __all__ = ["Entry", "entry", "resolve", "qualified_name", "StringRule", "string_rule", "DEVICE",
            "dtype_of", "layout_of", "memory_format_of", "dtype_names", "REPLAYABLE"]

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Tuple
 import torch
 
 from pytest_ptdbg.judge import allowlist
-from pytest_ptdbg.judge.errors import NotReplayable, ReplayRefused
+from pytest_ptdbg.errors import NotReplayable, ReplayRefused
 
 __all__ = ["decode_call", "check_call", "family_of"]
 
@@ -30,7 +30,7 @@ def family_of(api: Optional[str]) -> Optional[str]:
     """``Functional_softmax`` of ``Functional_softmax_0_forward`` (a family is returned as is)."""
     if not api:
         return None
-    from pytest_ptdbg.dump import records
+    from pytest_ptdbg.format import records
 
     try:
         return records.parse_name(api).api_family
@@ -161,7 +161,7 @@ class _AnyTensor(Mapping):
 def check_call(spec: Any, api: str) -> None:
     """Raise ReplayRefused/NotReplayable when ``spec`` is not a replayable call of ``api``
     (its API in the allowlist, its arguments data); loads nothing, calls nothing."""
-    from pytest_ptdbg.dump import records
+    from pytest_ptdbg.format import records
 
     p = records.parse_name(api)
     allowlist.entry(p.api_type, p.api_name, api)

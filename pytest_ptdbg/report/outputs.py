@@ -13,6 +13,7 @@ import secrets
 import tempfile
 import time
 from typing import IO, Dict, Optional, Tuple
+from pytest_ptdbg.errors import OutputError
 
 __all__ = ["OutputError", "prepare_dir", "timestamp", "new_stem", "create_new", "write_new", "ReportSet"]
 
@@ -20,8 +21,6 @@ _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | g
 _ATTEMPTS = 64
 
 
-class OutputError(OSError):
-    """The output folder cannot be created or written to (the message names it)."""
 
 
 def prepare_dir(path: str) -> str:

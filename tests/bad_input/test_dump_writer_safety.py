@@ -19,8 +19,8 @@ import torch
 
 from example_models import mlp
 from pytest_ptdbg import PrecisionDebugger
-from pytest_ptdbg.dump import records
-from pytest_ptdbg.dump.manifest import judge_completeness, manifest_path, read_manifest
+from pytest_ptdbg.format import records
+from pytest_ptdbg.format.manifest import judge_completeness, manifest_path, read_manifest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 3

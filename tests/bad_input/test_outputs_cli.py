@@ -20,9 +20,9 @@ torch = pytest.importorskip("torch")
 
 from example_models import mlp, train_step  # noqa: E402
 from pytest_ptdbg import PrecisionDebugger, compare, compare_distributed  # noqa: E402
-from pytest_ptdbg.comparison import api  # noqa: E402
-from pytest_ptdbg.dump import records  # noqa: E402
-from pytest_ptdbg.dump.manifest import write_manifest  # noqa: E402
+from pytest_ptdbg import api  # noqa: E402
+from pytest_ptdbg.format import records  # noqa: E402
+from pytest_ptdbg.format.manifest import write_manifest  # noqa: E402
 
 TS = "20260101000000"
 CLI = "import sys; from pytest_ptdbg.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -88,7 +88,7 @@ def _fixed_names(monkeypatch):
 _RACER = """
 import json, os, sys, time
 from pytest_ptdbg import compare
-from pytest_ptdbg.comparison import api
+from pytest_ptdbg import api
 api._timestamp = lambda: {ts!r}
 open(sys.argv[4], "w").close()
 while not os.path.exists(sys.argv[5]):

@@ -29,7 +29,7 @@ import torch
 from example_models.models import mlp, train_step
 from pytest_ptdbg import PrecisionDebugger, compare
 from pytest_ptdbg.cli import main as ptdbg_main
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 from pytest_ptdbg.judge import ReplayRefused
 from pytest_ptdbg.judge import allowlist
 from pytest_ptdbg.judge.arguments import decode_call
@@ -219,7 +219,7 @@ def _attack(path: str, tmp_path, base, family: str, spec: dict) -> str:
     key = f"{family}_7_forward"
     if path == "replay_package":
         with pytest.raises(ReplayRefused) as info:
-            from pytest_ptdbg.single_api.runner import replay
+            from pytest_ptdbg.judge.runner import replay
 
             replay(pkg)
         assert key in str(info.value)
@@ -235,7 +235,7 @@ def _attack(path: str, tmp_path, base, family: str, spec: dict) -> str:
                        env=_env(), cwd=str(tmp_path))
     assert rc == 2 and not os.path.exists(script), "a refused package must give no script"
     with pytest.raises(ReplayRefused) as info:
-        from pytest_ptdbg.single_api.script import write_script
+        from pytest_ptdbg.judge.script import write_script
 
         write_script(pkg, script)
     assert key in str(info.value)
@@ -457,9 +457,9 @@ def test_example_model_calls_are_all_replayable(tmp_path):
 def test_allowed_strings_devices_and_dtypes_still_replay(tmp_path, name, make, code):
     """The judge is not overbroad: an allowed enumeration value, an einsum equation, a device
     string (replaced) and a dtype replay bit for bit, and the script spells them as literals."""
-    from pytest_ptdbg.single_api.package import package_call
-    from pytest_ptdbg.single_api.runner import replay
-    from pytest_ptdbg.single_api.script import write_script
+    from pytest_ptdbg.judge.package import package_call
+    from pytest_ptdbg.judge.runner import replay
+    from pytest_ptdbg.judge.script import write_script
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(4, 6, generator=g), torch.randint(0, 6, (4,), generator=g)

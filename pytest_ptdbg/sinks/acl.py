@@ -28,10 +28,11 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from pytest_ptdbg.capture.sink import Sink, SinkUsageError
-from pytest_ptdbg.dump import records
-from pytest_ptdbg.single_api import package as pkgmod
-from pytest_ptdbg.single_api.snapshot import CallSnapshot, base_meta, device_of
+from pytest_ptdbg.capture.sink import Sink
+from pytest_ptdbg.errors import SinkUsageError
+from pytest_ptdbg.format import records
+from pytest_ptdbg.judge import package as pkgmod
+from pytest_ptdbg.sinks.snapshot import CallSnapshot, base_meta, device_of
 
 __all__ = ["AclConfig", "load_acl_config", "AclSink", "load_backward_input"]
 
@@ -210,7 +211,7 @@ class AclSink(Sink):
             grads = self._check_grads(call.output)
             meta["backward_input_files"] = self.grad_files
         pkg = snap.write(self.out_dir, self.target.direction, call.output, backward_input=grads, meta=meta)
-        from pytest_ptdbg.judge.errors import ReplayRefused
+        from pytest_ptdbg.errors import ReplayRefused
 
         try:
             self._rerun(pkg, snap, call, grads, meta, device)
@@ -221,7 +222,7 @@ class AclSink(Sink):
             print(f"ptdbg acl: {self.scope} saved in {pkg.path}, not replayed: {exc}", file=sys.stderr)
 
     def _rerun(self, pkg: Any, snap: Any, call: Any, grads: Any, meta: dict, device: Any) -> None:
-        from pytest_ptdbg.single_api.runner import replay_package, run_package
+        from pytest_ptdbg.judge.runner import replay_package, run_package
 
         with kernel_dump(self.acl, device) as on:
             if self.backward:

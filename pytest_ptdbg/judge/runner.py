@@ -17,16 +17,15 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from pytest_ptdbg.judge.errors import ReplayRefused
-from pytest_ptdbg.single_api import package as pkgmod
-from pytest_ptdbg.single_api.package import Package
+from pytest_ptdbg.errors import ReplayRefused
+from pytest_ptdbg.judge import package as pkgmod
+from pytest_ptdbg.judge.package import Package
+from pytest_ptdbg.errors import ReplayError
 
 __all__ = ["replay", "replay_package", "run_package", "resolve_api", "ReplayResult", "TensorCheck",
            "ReplayError", "ReplayRefused"]
 
 
-class ReplayError(RuntimeError):
-    """The package could not be run (unknown API, unavailable device, unreplayable argument)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,7 +81,7 @@ def parse_dtype(dtype: Any) -> Any:
 
 def check_device(device: str) -> Any:
     """A usable ``torch.device`` for ``device`` (``cpu``, ``cuda[:i]``, ``npu[:i]``) or ReplayError."""
-    from pytest_ptdbg.device import DeviceUnavailable, resolve_device
+    from pytest_ptdbg.runtime.device import DeviceUnavailable, resolve_device
 
     if str(device).strip().lower() == "auto":
         raise ReplayError("replay needs an explicit device: cpu, cuda[:i] or npu[:i]")
@@ -313,7 +312,7 @@ def _fmt(x: float) -> str:
 def compare_tensor(key: str, expected: np.ndarray, expected_dtype: str, actual: Any,
                    rule: Optional[str] = None) -> TensorCheck:
     """Compare a replayed tensor with the saved array using ``compare.metrics``/``compare.verdict``."""
-    from pytest_ptdbg.single_api import _metrics
+    from pytest_ptdbg.judge import checks as _metrics
 
     act = pkgmod.to_numpy(actual)
     replay_dtype = str(actual.dtype)

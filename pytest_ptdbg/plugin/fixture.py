@@ -10,11 +10,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
-from pytest_ptdbg import plugin_golden as golden
-from pytest_ptdbg import plugin_options
-from pytest_ptdbg.device import DeviceUnavailable, resolve_device
-from pytest_ptdbg.plugin_options import Settings
-from pytest_ptdbg.plugin_run import SideRun, compare_sides, locate_dump, preserved_rng, run_model, \
+from pytest_ptdbg.plugin import golden
+from pytest_ptdbg.plugin import options as plugin_options
+from pytest_ptdbg.runtime.device import DeviceUnavailable, resolve_device
+from pytest_ptdbg.plugin.options import Settings
+from pytest_ptdbg.plugin.run import SideRun, compare_sides, locate_dump, preserved_rng, run_model, \
     run_side, to_device
 
 
@@ -29,7 +29,7 @@ class PrecisionResult:
     def __init__(self, compare_result: Any, settings: Settings, *, nodeid: str, call: int,
                  npu: SideRun, bench: SideRun, out_dir: str, bench_label: str,
                  device: str, golden_path: Optional[str] = None) -> None:
-        from pytest_ptdbg.assertions import evaluate
+        from pytest_ptdbg.plugin.assertions import evaluate
 
         self.compare_result = compare_result
         self.settings = settings
@@ -94,7 +94,7 @@ class PrecisionResult:
         ``rtol=...``), ``rule``, ``ignore=[...]``, ``only=[...]``, ``ignore_optimizer=True``.
         """
         __tracebackhide__ = True
-        from pytest_ptdbg.assertions import assert_precision
+        from pytest_ptdbg.plugin.assertions import assert_precision
 
         assert_precision(self, **thresholds)
         return self

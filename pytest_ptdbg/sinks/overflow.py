@@ -35,8 +35,9 @@ import shutil
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from pytest_ptdbg.capture.sink import Sink, SinkStop
-from pytest_ptdbg.single_api.snapshot import CallSnapshot, base_meta, device_of, index_str
+from pytest_ptdbg.capture.sink import Sink
+from pytest_ptdbg.errors import OverflowDetected
+from pytest_ptdbg.sinks.snapshot import CallSnapshot, base_meta, device_of, index_str
 
 __all__ = ["OverflowSink", "OverflowDetected", "classify", "tensor_status"]
 
@@ -53,12 +54,6 @@ KIND_TEXT = {
 FINITE, SAT, INF, NAN = 0, 1, 2, 3
 
 
-class OverflowDetected(SinkStop, RuntimeError):
-    """Raised to stop the run at the ``overflow_nums``-th overflow; ``.events`` lists them."""
-
-    def __init__(self, message: str, events: List[dict]) -> None:
-        super().__init__(message)
-        self.events = events
 
 
 def tensor_status(t: Any) -> int:

@@ -19,7 +19,7 @@ did and it passes that difference on, amplified ``amplification`` times (``"inhe
 Importing this module does not import torch; running a check does (through ``replay``). The
 compare path should call it only when the dumps hold full tensors (``Dump.has_data``)::
 
-    from pytest_ptdbg.advise.replay_check import check_suspects, replay_section
+    from pytest_ptdbg.judge.replay_check import check_suspects, replay_section
     verdicts = check_suspects(advice, npu_dump, bench_dump, bench_device="cpu")  # dirs or read Dumps
     text = advice.text() + "\n" + replay_section(verdicts)
 """
@@ -32,9 +32,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 from pytest_ptdbg.dump import reader
-from pytest_ptdbg.judge.errors import ReplayRefused
+from pytest_ptdbg.errors import ReplayRefused
 
 __all__ = ["ReplayVerdict", "check_suspects", "check_apis", "replay_section", "OWN_SHARE"]
 
@@ -117,7 +117,7 @@ def _call_spec(rec: reader.ApiRec) -> Optional[dict]:
 def _package_from_dump(api: str, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], spec: dict,
                        dtypes: Optional[Dict[str, str]] = None):
     """An in-memory reproduction package whose tensors are the dump's ``.npy`` files."""
-    from pytest_ptdbg.single_api.package import Package, TensorInfo, tensor_refs
+    from pytest_ptdbg.judge.package import Package, TensorInfo, tensor_refs
 
     tensors: Dict[str, TensorInfo] = {}
     missing: List[str] = []
@@ -187,8 +187,8 @@ def check_apis(apis: Sequence[str], npu_dump: Union[str, reader.Dump], bench_dum
 
 def _check_one(api: str, n_idx: Dict[str, reader.ApiRec], b_idx: Dict[str, reader.ApiRec], device: str,
                oracle: bool, observed: Optional[float], input_error: Optional[float], bench_api: str) -> ReplayVerdict:
-    from pytest_ptdbg.single_api.runner import run_package
-    from pytest_ptdbg.single_api.package import to_numpy
+    from pytest_ptdbg.judge.runner import run_package
+    from pytest_ptdbg.judge.package import to_numpy
 
     p = records.parse_name(api)
     fkey = records.api_key(p.api_type, p.api_name, p.call_index, "forward")

@@ -35,9 +35,9 @@ SUBCOMMANDS: Dict[str, Tuple[str, str, str]] = {
                 "compare two dumps API by API and name the API that first loses precision"),
     "parse": ("pytest_ptdbg.cli:add_parse_parser", "add_parser",
               "print the stack and statistics of the records of one API"),
-    "replay": ("pytest_ptdbg.single_api.cli:add_parser", "add_parser",
+    "replay": ("pytest_ptdbg.cli.replay:add_parser", "add_parser",
                "run one saved API call again and compare with the saved result"),
-    "demo": ("pytest_ptdbg.demo:main", "main", "dump one training step of an example model"),
+    "demo": ("pytest_ptdbg.cli.demo:main", "main", "dump one training step of an example model"),
 }
 
 
@@ -89,7 +89,7 @@ def step_folder(path: str) -> str:
     """
     import re
 
-    from pytest_ptdbg.dump import records
+    from pytest_ptdbg.format import records
 
     inner = os.path.join(path, records.DUMP_DIR_NAME)
     if os.path.isdir(inner):
@@ -128,7 +128,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from pytest_ptdbg.comparison.api import compare, compare_distributed
+    from pytest_ptdbg.api import compare, compare_distributed
 
     kw = dict(stack_mode=args.stack, fuzzy_match=args.fuzzy, rule=args.rule,
               replay_check=not args.no_replay)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 
 PACKAGE_FILE = "package.json"
 RNG_FILE = "rng_state.npy"
@@ -150,7 +150,7 @@ class Package:
 
 def encode_call(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict:
     """The call spec of ``args``/``kwargs`` (capture's encoder, ``capture/call_spec.py``)."""
-    from pytest_ptdbg.capture import call_spec
+    from pytest_ptdbg.dump import call_spec
 
     return call_spec.encode_call(tuple(args), kwargs)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, List, Optional, Sequence
 
-from pytest_ptdbg.advise.replay_check import fmt_error
+from pytest_ptdbg.judge.replay_check import fmt_error
 
 #: suspects re-run by default
 TOP = 3
@@ -32,7 +32,7 @@ def targets(advice: Any, top: int = TOP) -> List[Any]:
 
 def _has_call_spec(dump: Any, api: str) -> bool:
     """Whether ``dump`` recorded the call (arguments) of ``api``'s forward: needed to re-run it."""
-    from pytest_ptdbg.dump import records
+    from pytest_ptdbg.format import records
 
     try:
         p = records.parse_name(api)
@@ -64,7 +64,7 @@ def run_replay_check(advice: Any, npu_dump: Any, bench_dump: Any, bench_device: 
             problems.append(msg)
         return []
     try:
-        from pytest_ptdbg.advise.replay_check import check_suspects
+        from pytest_ptdbg.judge.replay_check import check_suspects
 
         verdicts = check_suspects(sus, npu_dump, bench_dump, bench_device=bench_device, top=top)
     except ImportError as e:

@@ -1,4 +1,5 @@
-"""The call spec: a JSON description of an API call's arguments, from which replay rebuilds it.
+"""The call spec: a JSON description of an API call's arguments (the encode side; the judge decodes it,
+as data only, in ``pytest_ptdbg/judge/arguments.py``).
 
 Format (``docs/DESIGN.md``): ``{"args": [...], "kwargs": {...}}``; a tensor argument is
 ``{"t": "input.0"}`` (its tensor key suffix, indexed as in ``sink.py``); ``int/float/bool/str/None``
@@ -16,9 +17,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
-from pytest_ptdbg.judge.errors import NotReplayable  # the decode side lives in the judge
 
-__all__ = ["encode_call", "encode_call_json", "decode_call", "encode_value", "NotReplayable"]
+__all__ = ["encode_call", "encode_call_json", "encode_value"]
 
 
 def _idx(path: Tuple[int, ...]) -> str:
@@ -113,16 +113,3 @@ def encode_call_json(args: tuple, kwargs: Mapping[str, Any]) -> str:
         kw = ""
     return '{"args": [' + a + '], "kwargs": {' + kw + "}}"
 
-
-def decode_call(spec: Mapping[str, Any], tensors: Mapping[str, Any], api: Optional[str] = None,
-                device: Any = None) -> Tuple[tuple, dict]:
-    """``(args, kwargs)`` rebuilt from a call spec as data only; ``tensors`` maps ``"input.0"`` to
-    tensors. Delegates to the judge (``pytest_ptdbg/judge/arguments.py``): ``api`` (the record's
-    API key) selects the string rules (without it strings are refused), devices become ``device``.
-
-    Raises :class:`NotReplayable` (a ValueError) naming the value that cannot be rebuilt, and
-    ``ReplayRefused`` (a ValueError) for what is not data (a dtype tag naming a function...).
-    """
-    from pytest_ptdbg.judge.arguments import decode_call as judged
-
-    return judged(spec, tensors, api, device)

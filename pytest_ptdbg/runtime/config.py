@@ -1,6 +1,6 @@
 """Validated configuration of a :class:`~pytest_ptdbg.debugger.PrecisionDebugger`.
 
-Every bad value raises ``ValueError`` naming the parameter and the allowed values.
+Every bad value raises ``ConfigError`` (a ``ValueError``) naming the parameter and the allowed values.
 """
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
+
+from pytest_ptdbg.errors import ConfigError
 
 HOOK_NAMES = ("dump", "overflow_check")
 MODES = ("api_stack", "all", "list", "range", "stack", "api_list", "acl")
@@ -46,8 +48,8 @@ class DebugConfig:
         return self.mode != "stack"
 
 
-def _bad(param: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"invalid {param}={value!r}: allowed values are {allowed}")
+def _bad(param: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"invalid {param}={value!r}: allowed values are {allowed}")
 
 
 def validate_hook_name(hook_name: Any) -> str:
@@ -89,7 +91,7 @@ def validate_dump_path(dump_path: Any) -> str:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise ValueError(
+        raise ConfigError(
             f"invalid dump_path={dump_path!r}: allowed values are a writable directory path ({e.strerror})"
         ) from None
     return path
@@ -133,30 +135,30 @@ def validate_hook(
         raise _bad("overflow_nums", overflow_nums, "a positive int, or -1 for no limit")
     backward_input = _str_list("backward_input", backward_input, "a list of .npy paths of saved gradients")
     if mode == "list" and not scope:
-        raise ValueError(
+        raise ConfigError(
             "invalid scope=[] for mode='list': allowed values are a non-empty list of API name prefixes, "
             "e.g. scope=['Functional_conv2d_1_forward']"
         )
     if mode == "range" and len(scope) != 2:
-        raise ValueError(
+        raise ConfigError(
             f"invalid scope={scope!r} for mode='range': allowed values are exactly two API names "
             "[first, last], e.g. ['Functional_conv2d_1_forward', 'Functional_relu_3_forward']"
         )
     if mode == "api_list" and not api_list:
-        raise ValueError(
+        raise ConfigError(
             "invalid api_list=[] for mode='api_list': allowed values are a non-empty list of API name parts, "
             "e.g. api_list=['conv2d', 'distributed']"
         )
     if mode == "acl":
         if len(scope) != 1:
-            raise ValueError(
+            raise ConfigError(
                 f"invalid scope={scope!r} for mode='acl': allowed values are exactly one API name, "
                 "e.g. ['Tensor_permute_1_forward']"
             )
         if not acl_config or not isinstance(acl_config, (str, os.PathLike)):
             raise _bad("acl_config", acl_config, "the path of the acl dump config file (required with mode='acl')")
         if scope[0].endswith("_backward") and not backward_input:
-            raise ValueError(
+            raise ConfigError(
                 f"invalid backward_input={backward_input!r} for mode='acl' with backward scope {scope[0]!r}: "
                 "allowed values are a non-empty list of .npy paths of the saved backward_input gradients"
             )

@@ -20,7 +20,7 @@ def seed_all(seed: int = 1234, mode: bool = False) -> None:
     import numpy as np
     import torch
 
-    from pytest_ptdbg.device import seed_devices
+    from pytest_ptdbg.runtime.device import seed_devices
 
     os.environ["PYTHONHASHSEED"] = str(seed)
     random.seed(seed)

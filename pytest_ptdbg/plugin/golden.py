@@ -64,7 +64,7 @@ def read_meta(path: str) -> Dict[str, Any]:
 def strip_stacks(dump_path: str) -> None:
     """Drop the stack records from every ``.pkl`` under ``dump_path`` (the device under test's own
     dump supplies the stacks when comparing; they are most of a statistics-only dump's size)."""
-    from pytest_ptdbg.dump.records import STACK_SUFFIX
+    from pytest_ptdbg.format.records import STACK_SUFFIX
 
     for base, _, files in os.walk(dump_path):
         for name in files:

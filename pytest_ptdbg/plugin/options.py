@@ -200,7 +200,7 @@ def _validate(settings: Settings, where: str) -> Settings:
 
 def _validate_mode(settings: Settings, where: str) -> None:
     """The dump mode by the debugger's own rules (``config.validate_hook``; no torch there)."""
-    from pytest_ptdbg.config import DebugConfig, validate_hook
+    from pytest_ptdbg.runtime.config import DebugConfig, validate_hook
 
     if settings.mode not in MODES:
         raise ValueError(f"{where}: mode={settings.mode!r}; allowed: {', '.join(MODES)}")

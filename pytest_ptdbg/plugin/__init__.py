@@ -18,9 +18,9 @@ from typing import Any, Dict, Optional, Set
 
 import pytest
 
-from pytest_ptdbg import plugin_options
-from pytest_ptdbg.plugin_golden import partial_files, stale_goldens
-from pytest_ptdbg.plugin_summary import REPORT_ATTR, SessionSummary
+from pytest_ptdbg.plugin import options as plugin_options
+from pytest_ptdbg.plugin.golden import partial_files, stale_goldens
+from pytest_ptdbg.plugin.summary import REPORT_ATTR, SessionSummary
 
 #: marker file in each test's artifact folder; the session start clears only folders holding it
 ARTIFACT_MARK = ".ptdbg-artifacts"
@@ -220,7 +220,7 @@ def ptdbg_dump(request: Any) -> Any:
     ``result = ptdbg_dump(model, inputs, step=None, **settings)``; ``result.assert_precision()``.
     Also ``ptdbg_dump.compare_runs(run, reference, inputs=())`` for two callables on one device.
     """
-    from pytest_ptdbg.plugin_fixture import PtdbgDump
+    from pytest_ptdbg.plugin.fixture import PtdbgDump
 
     state = request.config.stash[STATE]
     if not state.basetemp_ready:

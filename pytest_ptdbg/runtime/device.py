@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 from typing import Any, List
+from pytest_ptdbg.errors import DeviceUnavailable
 
 __all__ = ["DeviceUnavailable", "available_devices", "has_npu", "resolve_device", "seed_devices"]
 
@@ -41,8 +42,6 @@ def seed_devices(seed: int) -> None:
         torch.npu.manual_seed_all(seed)
 
 
-class DeviceUnavailable(RuntimeError):
-    """The requested device cannot be used here; the message says what is missing."""
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,6 +1,6 @@
 """The main job's demo: dump one training step of an example model and summarise the dump.
 
-``python -m pytest_ptdbg.demo [--out DIR] [--model tiny_gpt] [--summary-only]`` (also
+``python -m pytest_ptdbg.cli.demo [--out DIR] [--model tiny_gpt] [--summary-only]`` (also
 ``ptdbg demo``) runs forward, backward and one optimizer step of an example model under
 ``PrecisionDebugger`` in ``api_stack`` mode, then prints where the dump is, how many APIs were
 recorded forward and backward (and how many of them in the optimizer step), and its size.
@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 
 DEFAULT_OUT = "ptdbg_report"
 _MODELS = ("tiny_gpt", "mlp", "cnn", "lstm", "bench_mlp", "bench_transformer")
@@ -148,7 +148,7 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     """The demo's options (the ``ptdbg demo`` subcommand reuses this)."""
     invoked = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     p = parser or argparse.ArgumentParser(
-        prog="ptdbg demo" if invoked == "ptdbg" else "python -m pytest_ptdbg.demo",
+        prog="ptdbg demo" if invoked == "ptdbg" else "python -m pytest_ptdbg.cli.demo",
         description="Dump one training step of an example model and summarise the dump.")
     p.add_argument("--out", "-o", default=DEFAULT_OUT,
                    help=f"dump directory (default: ./{DEFAULT_OUT}); a previous demo dump there is replaced")

@@ -11,17 +11,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from pytest_ptdbg.plugin_options import Settings, per_test
+from pytest_ptdbg.plugin.options import Settings, per_test
+from pytest_ptdbg.errors import PrecisionError
 
 __all__ = ["PrecisionError", "assert_precision", "evaluate", "Evaluation"]
 
 
-class PrecisionError(AssertionError):
-    """A comparison is out of tolerance; the message is the advisor's explanation."""
-
-    def __init__(self, message: str, evaluation: Optional["Evaluation"] = None) -> None:
-        super().__init__(message)
-        self.evaluation = evaluation
 
 
 @dataclass
@@ -86,7 +81,7 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
     """
     import numpy as np
 
-    from pytest_ptdbg.plugin_compat import advise_table
+    from pytest_ptdbg.plugin.compat import advise_table
 
     cmp = getattr(result, "compare_result", result)
     table = cmp.table
@@ -127,8 +122,8 @@ def _rejudge(cmp: Any, s: Settings) -> Any:
     import dataclasses
     import os
 
-    from pytest_ptdbg.plugin_compat import call_compare, to_thresholds
-    from pytest_ptdbg.plugin_rejudge import rejudge_table
+    from pytest_ptdbg.plugin.compat import call_compare, to_thresholds
+    from pytest_ptdbg.comparison.rejudge import rejudge_table
 
     table, undecided = rejudge_table(cmp.table, s.rule, to_thresholds(s))
     if not undecided:
@@ -202,7 +197,7 @@ def _stat_rel(failing: Any, scale_by_range: bool) -> List[float]:
 def _needed(failing: Any, s: Settings) -> Dict[str, float]:
     """Threshold values with which every failing row would have passed (a sufficient set, for
     the message: rows failing on NaN/Inf or shape cannot pass by any tolerance)."""
-    from pytest_ptdbg.plugin_compat import effective_thresholds
+    from pytest_ptdbg.plugin.compat import effective_thresholds
 
     th = effective_thresholds(s)
     if "_nan_mismatch" in failing.columns:
@@ -260,7 +255,7 @@ def _suspect_line(i: int, s: Any) -> str:
 
 def failure_message(ev: Evaluation, result: Any) -> str:
     """The text of a :class:`PrecisionError`."""
-    from pytest_ptdbg.plugin_compat import effective_thresholds
+    from pytest_ptdbg.plugin.compat import effective_thresholds
 
     cmp = ev.compare_result if ev.compare_result is not None else result
     s = ev.settings

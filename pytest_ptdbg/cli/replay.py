@@ -1,6 +1,6 @@
 """``ptdbg replay PACKAGE --device cpu|cuda|npu [--dtype float64] [--script OUT.py] [--json]``.
 
-Registered by ``pytest_ptdbg/cli.py`` through :func:`add_parser`; the handler returns the exit
+Registered by ``pytest_ptdbg/cli/`` through :func:`add_parser`; the handler returns the exit
 status: 0 when every replayed tensor passes the verdict rule, 1 when one fails, 2 when the replay
 cannot run (bad arguments, a path that is not a package, an API that cannot be re-run).
 """
@@ -38,11 +38,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``ptdbg replay``."""
-    from pytest_ptdbg.single_api.runner import ReplayError, replay
+    from pytest_ptdbg.judge.runner import ReplayError, replay
 
     try:
         if args.script:
-            from pytest_ptdbg.single_api.script import write_script
+            from pytest_ptdbg.judge.script import write_script
 
             path = write_script(args.package, args.script)
             print(f"wrote {path}: python {path} [--device cpu] [--dtype float64]")
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run ``replay`` alone (``python -m pytest_ptdbg.single_api.cli PACKAGE ...``)."""
+    """Run ``replay`` alone (``python -m pytest_ptdbg.cli.replay PACKAGE ...``)."""
     parser = argparse.ArgumentParser(prog="ptdbg")
     sub = parser.add_subparsers(dest="command", required=True)
     add_parser(sub)

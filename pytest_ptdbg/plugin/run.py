@@ -25,8 +25,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
-from pytest_ptdbg.dump import records
-from pytest_ptdbg.plugin_options import Settings
+from pytest_ptdbg.format import records
+from pytest_ptdbg.plugin.options import Settings
 
 #: the dump mode when a test asks for none (``Settings.mode``)
 DUMP_MODE = "api_stack"
@@ -137,7 +137,7 @@ def run_side(fn: Callable[..., Any], args: tuple, *, device: Any, dtype: str, du
                             filter_switch=settings.filter_switch, summary_only=summary_only)
     amp = (torch.autocast(device.type, dtype=_TORCH_DTYPES[dtype])
            if dtype != "float32" else nullcontext())
-    from pytest_ptdbg.plugin_random import CpuRandom
+    from pytest_ptdbg.plugin.rng import CpuRandom
 
     rnd = CpuRandom(settings.seed) if settings.random == "cpu" else nullcontext()
     seed_all(settings.seed, mode=settings.deterministic)
@@ -166,7 +166,7 @@ def run_model(model: Any, inputs: Any, step: Optional[Callable[[Any, Any], Any]]
 def compare_sides(npu: SideRun, bench: SideRun, out_dir: str, settings: Settings) -> Any:
     """``compare()`` of the two sides into ``out_dir`` with the rule and thresholds of settings."""
     __tracebackhide__ = True
-    from pytest_ptdbg.plugin_compat import call_compare
+    from pytest_ptdbg.plugin.compat import call_compare
 
     os.makedirs(out_dir, exist_ok=True)
     full = npu.data_dir is not None and bench.data_dir is not None

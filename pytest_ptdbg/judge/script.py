@@ -16,12 +16,12 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
-from pytest_ptdbg.dump import records
+from pytest_ptdbg.format import records
 from pytest_ptdbg.judge import allowlist
 from pytest_ptdbg.judge.arguments import check_call, family_of
-from pytest_ptdbg.judge.errors import ReplayRefused
-from pytest_ptdbg.single_api import package as pkgmod
-from pytest_ptdbg.single_api.runner import ReplayError, api_path
+from pytest_ptdbg.errors import ReplayRefused
+from pytest_ptdbg.judge import package as pkgmod
+from pytest_ptdbg.judge.runner import ReplayError, api_path
 
 _DTYPE = re.compile(r"^(torch|numpy)\.[a-z0-9_]+$")
 

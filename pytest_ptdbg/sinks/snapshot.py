@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from pytest_ptdbg.single_api import package as pkgmod
+from pytest_ptdbg.judge import package as pkgmod
 
 
 class CallSnapshot:
@@ -47,7 +47,7 @@ class CallSnapshot:
         return [k for k, t in self.inputs.items() if t._version != self.versions[k]]
 
     def key(self, direction: str) -> str:
-        from pytest_ptdbg.dump import records
+        from pytest_ptdbg.format import records
 
         return records.api_key(self.api_type, self.api_name, self.index, direction)
 

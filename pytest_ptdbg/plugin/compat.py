@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from pytest_ptdbg.plugin_options import Settings
+from pytest_ptdbg.plugin.options import Settings
 
 _PTDBG_KEYS = ("cosine", "max_abs", "cosine_hard", "max_abs_hard", "summary_rel")
 _DTYPE_KEYS = ("max_fail_fraction",)
@@ -45,7 +45,7 @@ def effective_thresholds(settings: Settings) -> Dict[str, Any]:
 
 def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> Any:
     """``compare(params, out_dir, stack_mode=True, auto_analyze=True, rule, thresholds)``, quietly."""
-    from pytest_ptdbg.comparison.api import compare
+    from pytest_ptdbg.api import compare
 
     return compare(params, out_dir, stack_mode=True, auto_analyze=True, fuzzy_match=False,
                    rule=settings.rule, thresholds=to_thresholds(settings))
@@ -59,7 +59,7 @@ def advise_table(table: Any, previous: Any = None) -> Any:
     advice = advise(table)
     verdicts = getattr(previous, "replay", None)
     if verdicts:
-        from pytest_ptdbg.advise.replay_merge import apply_replay
+        from pytest_ptdbg.judge.replay_merge import apply_replay
 
         apply_replay(advice, verdicts)
     return advice

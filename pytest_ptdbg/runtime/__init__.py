@@ -1,0 +1,1 @@
+"""What the debugger runs on: configuration validation, devices, seeding."""
