@@ -114,10 +114,11 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
     failing = ~passed_col
     worst = _worst(table, ~ignored)
     needed = _needed(table[failing], s) if failing.any() else {}
-    return Evaluation(passed=not failing.any(), table=table, advice=advice, settings=s,
+    problems = list(getattr(cmp, "problems", []) or [])   # unusable data: never a pass
+    return Evaluation(passed=not failing.any() and not problems, table=table, advice=advice, settings=s,
                       compare_result=cmp,
                       n_failed=int(failing.sum()), n_ignored=int(ignored.sum()), worst=worst,
-                      needed=needed, problems=list(getattr(cmp, "problems", []) or []))
+                      needed=needed, problems=problems)
 
 
 def _rejudge(cmp: Any, s: Settings) -> Any:
@@ -132,7 +133,8 @@ def _rejudge(cmp: Any, s: Settings) -> Any:
 
     table, undecided = rejudge_table(cmp.table, s.rule, to_thresholds(s))
     if not undecided:
-        return dataclasses.replace(cmp, table=table, passed=bool(table["_passed"].all()))
+        passed = bool(table["_passed"].all()) and not getattr(cmp, "problems", None)
+        return dataclasses.replace(cmp, table=table, passed=passed)
     params = getattr(cmp, "input_param", None)
     if params:
         out = os.path.join(os.path.dirname(cmp.csv_path), f"rejudged-{s.rule}")

@@ -25,7 +25,14 @@ from pytest_ptdbg.dump import reader
 
 @dataclass
 class CompareResult:
-    """What :func:`compare` produced. ``passed``: no tensor pair fails the verdict rule."""
+    """What :func:`compare` produced.
+
+    ``passed``: no row fails (``_passed`` all True, which unusable rows never are) **and**
+    ``problems`` is empty. Every entry of ``problems`` is data that could not be used (an
+    unreadable line or file, an empty side, a dump cut short) and counts against the verdict;
+    ``notes`` says what fails nothing (completeness unknown for ptdbg/msprobe dumps, a summary
+    compare chosen because a side has no tensors, a replay check that could not run).
+    """
 
     table: pd.DataFrame
     advice: Any
@@ -37,6 +44,7 @@ class CompareResult:
     summary_compare: bool = False
     #: the ``input_param`` it was made from (lets ``assert_precision`` compare again with other rules)
     input_param: Dict[str, Any] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
 
     @property
     def first_suspect(self):
@@ -72,7 +80,13 @@ def _free_stem(output_path: str, stem: str) -> str:
     return candidate
 
 
-def _load(input_param: Dict[str, Any], side: str, problems: List[str]) -> reader.Dump:
+def judge_passed(table: pd.DataFrame, problems: List[str]) -> bool:
+    """The compare's verdict: every row passes and nothing was unusable (``problems`` empty)."""
+    return not problems and (bool(table["_passed"].astype(bool).all()) if len(table) else True)
+
+
+def _load(input_param: Dict[str, Any], side: str, problems: List[str],
+          notes: Optional[List[str]] = None) -> reader.Dump:
     key = f"{side}_pkl_path"
     path = input_param.get(key)
     if not path:
@@ -89,6 +103,10 @@ def _load(input_param: Dict[str, Any], side: str, problems: List[str]) -> reader
         data_dir = ""
     dump = reader.read_dump(path, data_dir)
     problems.extend(dump.problems)
+    if notes is not None:
+        notes.extend(dump.notes)
+    if not dump.apis:
+        problems.append(f"{dump.source}: the {side.upper()} dump holds no usable record: nothing to compare")
     return dump
 
 
@@ -117,17 +135,18 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
         if not input_param.get(key):
             raise ValueError(f"compare: input_param lacks {key!r} (the {key[:-9].upper()} dump's .pkl or folder)")
     problems: List[str] = []
-    npu = _load(input_param, "npu", problems)
-    bench = _load(input_param, "bench", problems)
+    notes: List[str] = []
+    npu = _load(input_param, "npu", problems, notes)
+    bench = _load(input_param, "bench", problems, notes)
     if npu.mode and bench.mode and npu.mode != bench.mode:
-        problems.append(f"dumps of different modes: NPU {npu.mode!r} ({npu.source}) vs bench "
+        notes.append(f"dumps of different modes: NPU {npu.mode!r} ({npu.source}) vs bench "
                         f"{bench.mode!r} ({bench.source}); calls recorded by one side only are unpaired")
     summary = summary_compare
     if summary is None:
         summary = not (npu.has_data and bench.has_data)
         if summary and (npu.has_data or bench.has_data):
             side = "bench" if npu.has_data else "NPU"
-            problems.append(f"the {side} dump has no saved tensors: statistics (summary) compare")
+            notes.append(f"the {side} dump has no saved tensors: statistics (summary) compare")
     elif not summary and not (npu.has_data and bench.has_data):
         problems.append("full compare asked for but a dump has no saved tensors: those rows are Nan")
     say(f"NPU {npu.source}: {len(npu.apis)} APIs, {npu.n_tensors} tensors")
@@ -140,18 +159,21 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
     say(f"{len(table)} rows in {time.perf_counter() - t0:.2f} s")
     replay = (npu, bench, replay_device) if replay_check and not summary and npu.has_data and bench.has_data \
         else None
-    result = _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, _tag, replay)
+    result = _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, _tag, replay,
+                     notes)
     result.input_param = dict(input_param)
     return result
 
 
 def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyze: bool,
-            problems: List[str], summary: bool, say, tag: str, replay=None) -> CompareResult:
+            problems: List[str], summary: bool, say, tag: str, replay=None,
+            notes: Optional[List[str]] = None) -> CompareResult:
     from pytest_ptdbg.advise.advisor import advise
     from pytest_ptdbg.report.advisor_text import write_advisor
     from pytest_ptdbg.report.csv_report import write_csv
     from pytest_ptdbg.report.html_report import write_html
 
+    notes = notes if notes is not None else []
     os.makedirs(output_path, exist_ok=True)
     stem = _free_stem(output_path, f"{tag}_{_timestamp()}" if tag else _timestamp())
     csv_path = write_csv(table, os.path.join(output_path, f"compare_result_{stem}.csv"), stack_mode)
@@ -160,23 +182,41 @@ def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyz
         from pytest_ptdbg.advise.replay_merge import run_replay_check
 
         npu, bench, device = replay
-        run_replay_check(advice, npu, bench, bench_device=device, problems=problems, say=say)
+        run_replay_check(advice, npu, bench, bench_device=device, problems=notes, say=say)
     advisor_path = None
     if auto_analyze:
         advisor_path = write_advisor(advice, os.path.join(output_path, f"advisor_{stem}.txt"))
+        _append_problems(advisor_path, problems, notes)
     html_path = write_html(table, advice, os.path.join(output_path, f"compare_result_{stem}.html"),
                            title=f"ptdbg compare {tag}".strip())
-    passed = bool(table["_passed"].all()) if len(table) else True
+    passed = judge_passed(table, problems)
     n_no = int((table["Accuracy Reached or Not"] == "No").sum()) if len(table) else 0
     say(f"{n_no} of {len(table)} rows fail the verdict; CSV: {csv_path}")
     for p in problems[:20]:
         say(f"problem: {p}")
     if len(problems) > 20:
         say(f"... and {len(problems) - 20} more problems")
+    for p in notes[:20]:
+        say(f"note: {p}")
     if auto_analyze:
         for line in advice.text().splitlines()[:3]:
             say(line)
-    return CompareResult(table, advice, csv_path, advisor_path, html_path, passed, problems, summary)
+    return CompareResult(table, advice, csv_path, advisor_path, html_path, passed, problems, summary,
+                         notes=notes)
+
+
+def _append_problems(path: str, problems: List[str], notes: List[str], limit: int = 20) -> None:
+    """Add the unusable data (which fails the compare) and the notes to the advisor file."""
+    lines = []
+    if problems:
+        lines.append(f"Unusable data ({len(problems)}, the compare fails):")
+        lines += [f"  {p}" for p in problems[:limit]]
+    if notes:
+        lines.append("Notes:")
+        lines += [f"  {p}" for p in notes[:limit]]
+    if lines:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str,
