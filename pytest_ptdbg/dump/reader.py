@@ -9,7 +9,7 @@ Every entry of ``Dump.problems`` means some of the dump could not be used: compa
 against its verdict. ``Dump.notes`` holds what is worth saying but fails nothing (a ptdbg/msprobe
 dump's completeness is unknown). Completeness follows ``dump/manifest.py``'s rule
 (``Dump.completeness``). Only regular files are read (a FIFO or device in place of a file is
-refused by ``os.stat`` before any open), lines are bounded in length and JSON nesting depth.
+refused by ``fstat`` before any read), lines are bounded in length and JSON nesting depth.
 """
 from __future__ import annotations
 
@@ -290,16 +290,29 @@ def _open_regular(path: str, what: str):
         raise
 
 
-def json_depth_ok(line: str, limit: int = MAX_DEPTH) -> bool:
-    """Whether ``line``'s JSON nests at most ``limit`` deep (cheap: exact only when many brackets)."""
-    if line.count("[") + line.count("{") <= limit:
-        return True
-    import numpy as np
+def nesting_ok(value: Any, limit: int = MAX_DEPTH, brackets: Optional[int] = None) -> bool:
+    """Whether parsed JSON ``value`` nests at most ``limit`` deep.
 
-    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', line).encode("latin-1", "replace")
-    b = np.frombuffer(text, dtype=np.uint8)
-    step = ((b == 91) | (b == 123)).astype(np.int32) - ((b == 93) | (b == 125)).astype(np.int32)
-    return int(np.cumsum(step).max(initial=0)) <= limit
+    ``brackets``: the number of ``[`` and ``{`` in its text, when known: at most ``limit`` of them
+    cannot nest deeper, and a stack record whose text holds exactly one per frame (+2) has flat
+    frames; only other values are walked (iteratively, stopping at the first too deep).
+    """
+    if brackets is not None:
+        if brackets <= limit:
+            return True
+        if (isinstance(value, list) and len(value) == 2 and isinstance(value[1], list)
+                and brackets == 2 + len(value[1]) and all(type(f) is list for f in value[1])):
+            return True
+    todo = [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if d > limit:
+            return False
+        if isinstance(v, list):
+            todo.extend((x, d + 1) for x in v if isinstance(x, (list, dict)))
+        elif isinstance(v, dict):
+            todo.extend((x, d + 1) for x in v.values() if isinstance(x, (list, dict)))
+    return True
 
 
 def _lines(f, pkl: str, problems: List[str]):
@@ -340,15 +353,15 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
                 line = ""
             if not line or "\x00" in line:
                 rec, why = None, "binary or non-UTF-8 bytes (not a ptdbg text record)"
-            elif not json_depth_ok(line):
-                rec, why = None, f"JSON nested deeper than {MAX_DEPTH} levels"
             else:
                 try:
                     rec, why = json.loads(line), ""
                 except ValueError as e:
                     rec, why = None, e.msg
                 except RecursionError:
-                    rec, why = None, "JSON nested too deep"
+                    rec, why = None, f"JSON nested deeper than {MAX_DEPTH} levels"
+                if not why and not nesting_ok(rec, MAX_DEPTH, line.count("[") + line.count("{")):
+                    rec, why = None, f"JSON nested deeper than {MAX_DEPTH} levels"
             if why:
                 bad += 1
                 what = "truncated" if not whole else "corrupt"
@@ -484,10 +497,9 @@ def _read_msprobe(path: str, data_dir: Optional[str]) -> Dump:
     with _open_regular(path, "the msprobe dump.json") as f:
         raw = f.read()
     try:
-        text = raw.decode("utf-8")
-        if not json_depth_ok(text):
+        doc = json.loads(raw.decode("utf-8"))
+        if not nesting_ok(doc, MAX_DEPTH):
             raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels")
-        doc = json.loads(text)
     except RecursionError:
         raise ValueError(f"{path}: JSON nested too deep: not read") from None
     except ValueError as e:

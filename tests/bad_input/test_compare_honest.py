@@ -106,7 +106,8 @@ def run(npu, bench, kind, tmp_path, **kw):
     param = {"npu_pkl_path": npu.pkl, "bench_pkl_path": bench.pkl,
              "npu_dump_data_dir": npu.data if full else "",
              "bench_dump_data_dir": bench.data if full else "", "is_print_compare_log": False}
-    return compare(param, str(tmp_path / "out"), replay_check=False, **kw)
+    kw.setdefault("replay_check", False)
+    return compare(param, str(tmp_path / "out"), **kw)
 
 
 def problem_names(result, what):
@@ -258,7 +259,7 @@ def test_fifo_in_place_of_npy_fails_at_once(pair):
     code = ("from pytest_ptdbg import compare; "
             f"r = compare({{'npu_pkl_path': {npu.pkl!r}, 'bench_pkl_path': {bench.pkl!r}, "
             f"'npu_dump_data_dir': {npu.data!r}, 'bench_dump_data_dir': {bench.data!r}, "
-            f"'is_print_compare_log': False}}, {str(tmp / 'out')!r}, replay_check=False); "
+            f"'is_print_compare_log': False}}, {str(tmp / 'out')!r}); "   # replay check on: it reads files too
             f"assert not r.passed and any({path!r} in p for p in r.problems), r.problems; print('ok')")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
@@ -278,7 +279,7 @@ def test_npy_header_claiming_100000x100000_fails_without_memory_error(pair, fort
             np.lib.format.write_array_header_1_0(f, hdr)
             f.write(b"\0" * (200 - f.tell()))
         side.edit_record(LAST, lambda rec: rec.__setitem__(4, [100000, 100000]))
-    r = run(npu, bench, kind, tmp)
+    r = run(npu, bench, kind, tmp, replay_check=True)   # the replay check reads suspects' files too
     assert not r.passed and problem_names(r, npu.npy(LAST))
     row = r.table[r.table["NPU Name"] == LAST].iloc[0]
     assert row["Accuracy Reached or Not"] == "No" and "truncated" in row["Err_message"]
