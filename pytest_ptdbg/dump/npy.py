@@ -25,6 +25,10 @@ _KINDS = {"f": "fc", "c": "c", "i": "iu", "u": "iu", "b": "b"}
 def record_dtype_kind(dtype: str) -> str:
     """numpy kind letter for a record dtype such as ``"torch.bfloat16"`` (``"f"``, ``"i"``, ``"u"``, ``"b"``, ``"c"``)."""
     d = (dtype or "").replace("torch.", "")
+    if d.startswith("<class '") and d.endswith("'>"):   # ptdbg v4's Python scalars: "<class 'int'>"
+        d = d[len("<class '"):-2]
+    if d == "int":
+        return "i"
     if d in ("bool",):
         return "b"
     if d.startswith("complex"):

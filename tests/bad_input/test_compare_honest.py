@@ -424,3 +424,14 @@ def test_ptdbg_v4_identical_dumps_pass_with_completeness_unknown_noted(tmp_path,
     assert any(npu[0] in n and "completeness unknown" in n for n in r.notes)
     with open(r.advisor_path) as f:
         assert "completeness unknown" in f.read()
+
+
+def test_cli_compare_of_an_empty_npu_pkl_exits_1_not_passed(pair, capsys):
+    """``ptdbg compare`` on an empty NPU ``.pkl`` is FAILED (exit 1), not PASSED."""
+    from pytest_ptdbg.cli import main
+
+    npu, bench, kind, tmp = pair
+    open(npu.pkl, "w").close()
+    code = main(["compare", npu.pkl, bench.pkl, "-o", str(tmp / "cli"), "--no-replay"])
+    out = capsys.readouterr().out
+    assert code == 1 and "FAILED" in out and npu.pkl in out
