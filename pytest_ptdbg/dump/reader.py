@@ -411,8 +411,7 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
     p = records.parse_name(name)
     if p.io is None:
         raise ValueError(f"record {name!r}: a tensor name needs _input.N or _output.N")
-    if not isinstance(rec[1], int) or isinstance(rec[1], bool):
-        raise ValueError(f"record {name!r}: 2nd field must be an integer (ptdbg writes 0 or 1), got {rec[1]!r}")
+    # rec[1] (0, or 1 in some ptdbg v4 dumps) and rec[2] are not used
     dtype = rec[3]
     if not isinstance(dtype, str):
         raise ValueError(f"record {name!r}: dtype must be a string, got {dtype!r}")
