@@ -361,6 +361,10 @@ def test_unusable_rows_never_rejudge_to_pass(pair):
     with pytest.raises(PrecisionError):
         assert_precision(r, **loose)
     assert not evaluate(r, rule="dtype", rtol=1e9, atol=1e9).passed
+    # the message says so, and offers no tolerance that "would have passed"
+    with pytest.raises(PrecisionError) as exc:
+        assert_precision(r)
+    assert "unusable data" in str(exc.value) and "would have passed with" not in str(exc.value)
     bench.write_lines([])
     empty = compare({"npu_pkl_path": npu.pkl, "bench_pkl_path": bench.pkl, "npu_dump_data_dir": "",
                      "bench_dump_data_dir": "", "is_print_compare_log": False}, str(tmp / "o2"),
