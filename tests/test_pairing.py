@@ -66,6 +66,10 @@ def test_structure_must_be_compatible():
     npu = [sig("A", 0, shape=(4,)), sig("A", 1, shape=(8,))]
     bench = [sig("A", 0, shape=(8,))]
     assert align(npu, bench) == [(0, None), (1, 0)]
+    # ...and several weak pairs never outweigh one compatible pair
+    npu = [sig("A", 0, shape=(4,)), sig("A", 1, shape=(3,)), sig("A", 2, shape=(8,))]
+    bench = [sig("A", 0, shape=(8,)), sig("A", 1, shape=(5,)), sig("A", 2, shape=(6,))]
+    assert align(npu, bench) == [(0, None), (1, None), (2, 0), (None, 1), (None, 2)]
     # a changed dtype class never pairs
     assert align([sig("A", 0, dtype="int")], [sig("A", 0, dtype="float")]) == [(0, None), (None, 0)]
 

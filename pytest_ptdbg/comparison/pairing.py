@@ -10,9 +10,10 @@ intact. Pair score: 3, +1 when the structures are identical, +1 when the call in
 (default mode only; ``fuzzy=True`` ignores call indices, as ptdbg's ``fuzzy_match``).
 
 A call whose shapes changed but whose slots and dtype classes agree ("weakly compatible") can
-still pair, at score 1 (+1 for an equal call index): only where no compatible partner is left, so
-that the table reports "shape changed" on one row instead of two unpaired calls. Anchors are
-never weak pairs.
+still pair, at score 1 (+1 for an equal call index) against the compatible pairs' scores times
+:data:`STRONG` (so many weak pairs never outweigh one compatible pair): only where no compatible
+partner is left, so that the table reports "shape changed" on one row instead of two unpaired
+calls. Anchors are never weak pairs.
 
 To stay fast on long dumps, families with the same number of calls on both sides give anchors
 (k-th call with k-th call, when compatible); the longest order-preserving chain of anchors splits
@@ -33,6 +34,8 @@ DP_LIMIT = 4_000_000
 #: NPU calls per window when a long gap is aligned window by window
 WINDOW = 1000
 _NEG = -(1 << 40)
+#: weight of a compatible pair's score (3..5) against a weak (shape-changed) pair's (1..2)
+STRONG = 10
 
 _FLOAT = {"float16", "half", "bfloat16", "float32", "float", "float64", "double"}
 
@@ -139,7 +142,7 @@ class _Scorer:
         ci = int(not self.fuzzy and self.ci_n[i] == self.ci_b[j])
         if si != sj and not self._ok_vec(si)[sj]:
             return 1 + ci if self._weak_vec(si)[sj] else _NEG
-        return 3 + int(si == sj) + ci
+        return STRONG * (3 + int(si == sj) + ci)
 
     def row(self, i: int, j0: int, j1: int) -> np.ndarray:
         stb = self.st_b[j0:j1]
@@ -148,9 +151,9 @@ class _Scorer:
         fam = self.fam_b[j0:j1] == self.fam_n[i]
         ok = fam & self._ok_vec(si)[stb]
         weak = fam & self._weak_vec(si)[stb]
-        s = np.where(ok, 3 + same.astype(np.int64), np.where(weak, 1, _NEG))
+        s = np.where(ok, STRONG * (3 + same.astype(np.int64)), np.where(weak, 1, _NEG))
         if not self.fuzzy:
-            s += self.ci_b[j0:j1] == self.ci_n[i]
+            s += (self.ci_b[j0:j1] == self.ci_n[i]) * np.where(ok, STRONG, 1)
         return s
 
 
@@ -189,7 +192,7 @@ def _anchors(sc: _Scorer) -> List[Tuple[int, int]]:
         if jj is None or len(jj) != len(ii):
             continue
         for i, j in zip(ii, jj):
-            if sc.score(i, j) >= 3:   # never a weak (shape-changed) pair
+            if sc.score(i, j) >= STRONG * 3:   # never a weak (shape-changed) pair
                 cand.append((i, j))
     cand.sort()
     return _lis(cand)
