@@ -26,7 +26,14 @@ from pytest_ptdbg.report import outputs
 
 @dataclass
 class CompareResult:
-    """What :func:`compare` produced. ``passed``: no tensor pair fails the verdict rule."""
+    """What :func:`compare` produced.
+
+    ``passed``: no row fails (``_passed`` all True, which unusable rows never are) **and**
+    ``problems`` is empty. Every entry of ``problems`` is data that could not be used (an
+    unreadable line or file, an empty side, a dump cut short) and counts against the verdict;
+    ``notes`` says what fails nothing (completeness unknown for ptdbg/msprobe dumps, a summary
+    compare chosen because a side has no tensors, a replay check that could not run).
+    """
 
     table: pd.DataFrame
     advice: Any
@@ -38,6 +45,7 @@ class CompareResult:
     summary_compare: bool = False
     #: the ``input_param`` it was made from (lets ``assert_precision`` compare again with other rules)
     input_param: Dict[str, Any] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
 
     @property
     def first_suspect(self):
@@ -69,7 +77,13 @@ def _timestamp() -> str:
     return outputs.timestamp()
 
 
-def _load(input_param: Dict[str, Any], side: str, problems: List[str]) -> reader.Dump:
+def judge_passed(table: pd.DataFrame, problems: List[str]) -> bool:
+    """The compare's verdict: every row passes and nothing was unusable (``problems`` empty)."""
+    return not problems and (bool(table["_passed"].astype(bool).all()) if len(table) else True)
+
+
+def _load(input_param: Dict[str, Any], side: str, problems: List[str],
+          notes: Optional[List[str]] = None) -> reader.Dump:
     key = f"{side}_pkl_path"
     path = input_param.get(key)
     if not path:
@@ -86,6 +100,10 @@ def _load(input_param: Dict[str, Any], side: str, problems: List[str]) -> reader
         data_dir = ""
     dump = reader.read_dump(path, data_dir)
     problems.extend(dump.problems)
+    if notes is not None:
+        notes.extend(dump.notes)
+    if not dump.apis:
+        problems.append(f"{dump.source}: the {side.upper()} dump holds no usable record: nothing to compare")
     return dump
 
 
@@ -119,17 +137,18 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
             raise ValueError(f"compare: input_param lacks {key!r} (the {key[:-9].upper()} dump's .pkl or folder)")
     outputs.prepare_dir(output_path)
     problems: List[str] = []
-    npu = _load(input_param, "npu", problems)
-    bench = _load(input_param, "bench", problems)
+    notes: List[str] = []
+    npu = _load(input_param, "npu", problems, notes)
+    bench = _load(input_param, "bench", problems, notes)
     if npu.mode and bench.mode and npu.mode != bench.mode:
-        problems.append(f"dumps of different modes: NPU {npu.mode!r} ({npu.source}) vs bench "
+        notes.append(f"dumps of different modes: NPU {npu.mode!r} ({npu.source}) vs bench "
                         f"{bench.mode!r} ({bench.source}); calls recorded by one side only are unpaired")
     summary = summary_compare
     if summary is None:
         summary = not (npu.has_data and bench.has_data)
         if summary and (npu.has_data or bench.has_data):
             side = "bench" if npu.has_data else "NPU"
-            problems.append(f"the {side} dump has no saved tensors: statistics (summary) compare")
+            notes.append(f"the {side} dump has no saved tensors: statistics (summary) compare")
     elif not summary and not (npu.has_data and bench.has_data):
         problems.append("full compare asked for but a dump has no saved tensors: those rows are Nan")
     say(f"NPU {npu.source}: {len(npu.apis)} APIs, {npu.n_tensors} tensors")
@@ -143,17 +162,19 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
     replay = (npu, bench, replay_device) if replay_check and not summary and npu.has_data and bench.has_data \
         else None
     result = _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, _tag, replay,
-                     stem=_report_stem)
+                     notes, stem=_report_stem)
     result.input_param = dict(input_param)
     return result
 
 
 def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyze: bool,
-            problems: List[str], summary: bool, say, tag: str, replay=None, stem: str = "") -> CompareResult:
+            problems: List[str], summary: bool, say, tag: str, replay=None,
+            notes: Optional[List[str]] = None, stem: str = "") -> CompareResult:
     from pytest_ptdbg.advise.advisor import advise
     from pytest_ptdbg.report.csv_report import csv_text
     from pytest_ptdbg.report.html_report import render_html
 
+    notes = notes if notes is not None else []
     names = {"csv": ("compare_result", "csv"), "html": ("compare_result", "html")}
     if auto_analyze:
         names["advisor"] = ("advisor", "txt")
@@ -166,20 +187,37 @@ def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyz
             from pytest_ptdbg.judge.replay_merge import run_replay_check
 
             npu, bench, device = replay
-            run_replay_check(advice, npu, bench, bench_device=device, problems=problems, say=say)
-        advisor_path = files.write("advisor", advice.text()) if auto_analyze else None
+            run_replay_check(advice, npu, bench, bench_device=device, problems=notes, say=say)
+        advisor_path = None
+        if auto_analyze:
+            advisor_path = files.write("advisor", advice.text() + _problems_text(problems, notes))
         html_path = files.write("html", render_html(table, advice, title=f"ptdbg compare {tag}".strip()))
-    passed = bool(table["_passed"].all()) if len(table) else True
+    passed = judge_passed(table, problems)
     n_no = int((table["Accuracy Reached or Not"] == "No").sum()) if len(table) else 0
     say(f"{n_no} of {len(table)} rows fail the verdict; CSV: {csv_path}")
     for p in problems[:20]:
         say(f"problem: {p}")
     if len(problems) > 20:
         say(f"... and {len(problems) - 20} more problems")
+    for p in notes[:20]:
+        say(f"note: {p}")
     if auto_analyze:
         for line in advice.text().splitlines()[:3]:
             say(line)
-    return CompareResult(table, advice, csv_path, advisor_path, html_path, passed, problems, summary)
+    return CompareResult(table, advice, csv_path, advisor_path, html_path, passed, problems, summary,
+                         notes=notes)
+
+
+def _problems_text(problems: List[str], notes: List[str], limit: int = 20) -> str:
+    """The advisor file's tail: the unusable data (which fails the compare) and the notes."""
+    lines = []
+    if problems:
+        lines.append(f"Unusable data ({len(problems)}, the compare fails):")
+        lines += [f"  {p}" for p in problems[:limit]]
+    if notes:
+        lines.append("Notes:")
+        lines += [f"  {p}" for p in notes[:limit]]
+    return "".join(line + "\n" for line in lines)
 
 
 def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str,

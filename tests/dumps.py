@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from pytest_ptdbg.format import records
+from pytest_ptdbg.format.manifest import write_manifest
 
 
 @dataclass
@@ -64,20 +65,25 @@ def record_lines(api: Api, save_data: bool = True) -> List[list]:
 
 
 def write_dump(dump_path: str, apis: Sequence[Api], rank: int = 0, step: int = 0, mode: str = "api_stack",
-               save_data: bool = True) -> str:
-    """Write a dump; returns the rank folder."""
+               save_data: bool = True, manifest: bool = True) -> str:
+    """Write a dump and (unless ``manifest=False``) its completeness manifest; returns the rank folder."""
     rdir = records.rank_dir(dump_path, step, rank)
     os.makedirs(rdir, exist_ok=True)
     ddir = os.path.join(rdir, records.data_dir_name(mode))
     if save_data:
         os.makedirs(ddir, exist_ok=True)
-    with open(os.path.join(rdir, records.pkl_name(mode)), "w") as f:
+    n = 0
+    pkl = os.path.join(rdir, records.pkl_name(mode))
+    with open(pkl, "w") as f:
         for api in apis:
             for rec in record_lines(api, save_data):
                 f.write(records.encode_line(rec))
+                n += 1
                 if save_data and not records.is_stack_record(rec):
                     name = rec[0]
                     np.save(records.safe_data_path(ddir, name), np.asarray(api.tensors[name[len(api.key) + 1:]]))
+    if manifest:
+        write_manifest(pkl, n)   # as the dump writer does when a step is closed
     return rdir
 
 

@@ -57,9 +57,21 @@ def test_structure_must_be_compatible():
     assert not compatible(sig("A", 0), sig("A", 0, direction="backward"))
     # a gradient missing on one side still pairs (the common slots agree)
     assert compatible(sig("A", 0, slots=("input.0", "output.0", "output.1")), sig("A", 0))
+    # a changed shape (same slots and dtype classes) still pairs, weakly, where nothing better is
+    # left: the table reports "shape changed" on one row instead of two unpaired calls
     npu = [sig("A", 0, shape=(4,)), sig("B", 0)]
     bench = [sig("A", 0, shape=(8,)), sig("B", 0)]
-    assert align(npu, bench) == [(0, None), (None, 0), (1, 1)]
+    assert align(npu, bench) == [(0, 0), (1, 1)]
+    # ...but a compatible partner wins over a weak one
+    npu = [sig("A", 0, shape=(4,)), sig("A", 1, shape=(8,))]
+    bench = [sig("A", 0, shape=(8,))]
+    assert align(npu, bench) == [(0, None), (1, 0)]
+    # ...and several weak pairs never outweigh one compatible pair
+    npu = [sig("A", 0, shape=(4,)), sig("A", 1, shape=(3,)), sig("A", 2, shape=(8,))]
+    bench = [sig("A", 0, shape=(8,)), sig("A", 1, shape=(5,)), sig("A", 2, shape=(6,))]
+    assert align(npu, bench) == [(0, None), (1, None), (2, 0), (None, 1), (None, 2)]
+    # a changed dtype class never pairs
+    assert align([sig("A", 0, dtype="int")], [sig("A", 0, dtype="float")]) == [(0, None), (None, 0)]
 
 
 def test_call_index_breaks_ties_unless_fuzzy():

@@ -4,9 +4,9 @@ import os
 import numpy as np
 import pytest
 
-from pytest_ptdbg.format import records
-
 from pytest_ptdbg.dump import reader
+from pytest_ptdbg.format import records
+from pytest_ptdbg.format.manifest import write_manifest
 from pytest_ptdbg.dump.npy import NpyStream, load_npy
 
 import dumps
@@ -51,6 +51,7 @@ def test_groups_by_api_in_first_appearance_order(tmp_path):
     ]
     pkl = tmp_path / "api_stack_dump.pkl"
     pkl.write_text("".join(records.encode_line(r) for r in lines))
+    write_manifest(str(pkl), len(lines))
     d = reader.read_dump(str(pkl))
     assert [a.key for a in d.apis] == ["Torch_relu_0_forward", a0, "Torch_relu_0_backward"]
     lin = d.apis[1]
@@ -187,6 +188,7 @@ def test_symlinks_are_followed_inside_the_data_dir_only(tmp_path):
                                   {"npy": f"Torch_relu_{k}_forward_{io}.0.npy"})
             for k, io in ((0, "input"), (0, "output"), (1, "output"))]
     (rank / "api_stack_dump.pkl").write_text("".join(records.encode_line(r) for r in recs))
+    write_manifest(str(rank / "api_stack_dump.pkl"), len(recs))
     d = reader.read_dump(str(rank))
     inside, out0, out1 = [t for a in d.apis for t in a.tensors]
     assert inside.data_file and load_npy(inside.data_file, inside.name, (2,)).tolist() == [0, 1]

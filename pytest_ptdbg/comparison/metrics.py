@@ -77,6 +77,8 @@ class PairMetrics:
     npu_nonfinite: int = 0
     bench_nonfinite: int = 0
     tol_fail: Optional[int] = None
+    #: "NPU" or "bench" when that side is all zeros and the other is not (cosine undefined)
+    zero_side: str = ""
     compared: int = 0
     size: int = 0
     message: str = ""
@@ -300,8 +302,10 @@ def _finish(acc: _Acc, size: int) -> PairMetrics:
         out.cosine = 1.0
     elif nrm_n < _F64_EPS:
         msgs.append("all zeros on the NPU side: cosine undefined")
+        out.zero_side = "NPU"
     elif nrm_b < _F64_EPS:
         msgs.append("all zeros on the bench side: cosine undefined")
+        out.zero_side = "bench"
     else:
         # n·b = (‖n‖² + ‖b‖² − ‖n − b‖²) / 2: one dot product fewer per chunk; the absolute error
         # of the cosine stays ~1e-16 (‖n − b‖² is summed from the differences themselves).
@@ -314,7 +318,7 @@ def _finish(acc: _Acc, size: int) -> PairMetrics:
 def shape_mismatch(npu_shape, bench_shape) -> PairMetrics:
     """The metrics row of a pair whose shapes differ (ptdbg's "Unmatched")."""
     return PairMetrics(shape_mismatch=True,
-                       message=f"shape mismatch (Unmatched): NPU {list(npu_shape)} vs bench {list(bench_shape)}")
+                       message=f"shape changed (Unmatched): NPU {list(npu_shape)} vs bench {list(bench_shape)}")
 
 
 def compare_arrays(npu, bench, eps: Optional[float] = None,

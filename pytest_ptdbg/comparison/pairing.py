@@ -9,6 +9,12 @@ missing call on one side (a device-specific API, an extra cast) leaves its neigh
 intact. Pair score: 3, +1 when the structures are identical, +1 when the call indices are equal
 (default mode only; ``fuzzy=True`` ignores call indices, as ptdbg's ``fuzzy_match``).
 
+A call whose shapes changed but whose slots and dtype classes agree ("weakly compatible") can
+still pair, at score 1 (+1 for an equal call index) against the compatible pairs' scores times
+:data:`STRONG` (so many weak pairs never outweigh one compatible pair): only where no compatible
+partner is left, so that the table reports "shape changed" on one row instead of two unpaired
+calls. Anchors are never weak pairs.
+
 To stay fast on long dumps, families with the same number of calls on both sides give anchors
 (k-th call with k-th call, when compatible); the longest order-preserving chain of anchors splits
 the sequences, and only the gaps between anchors are aligned by dynamic programming (numpy, one
@@ -28,13 +34,17 @@ DP_LIMIT = 4_000_000
 #: NPU calls per window when a long gap is aligned window by window
 WINDOW = 1000
 _NEG = -(1 << 40)
+#: weight of a compatible pair's score (3..5) against a weak (shape-changed) pair's (1..2)
+STRONG = 10
 
 _FLOAT = {"float16", "half", "bfloat16", "float32", "float", "float64", "double"}
 
 
 def dtype_class(dtype: str) -> str:
-    """``float`` for fp16/bf16/fp32/fp64, ``int``, ``bool``, ``complex``, else the dtype itself."""
+    """``float`` for fp16/bf16/fp32/fp64 (and Python float), ``int``, ``bool``, ``complex``, else the dtype itself."""
     d = (dtype or "").replace("torch.", "")
+    if d.startswith("<class '") and d.endswith("'>"):   # ptdbg v4's Python scalars: "<class 'int'>"
+        d = d[len("<class '"):-2]
     if d in _FLOAT:
         return "float"
     if d == "bool":
@@ -69,6 +79,20 @@ def compatible(a: ApiSig, b: ApiSig) -> bool:
     return _struct_compatible(a.structure, b.structure)
 
 
+def weakly_compatible(a: ApiSig, b: ApiSig) -> bool:
+    """Same family and direction, and the common slots agree in dtype class (shapes may differ)."""
+    return a.family == b.family and a.direction == b.direction and _struct_weak(a.structure, b.structure)
+
+
+def _struct_weak(a: tuple, b: tuple) -> bool:
+    da = {s: c for s, c, _ in a}
+    db = {s: c for s, c, _ in b}
+    common = da.keys() & db.keys()
+    if not common and (da or db):
+        return False
+    return all(da[s] == db[s] for s in common)
+
+
 def _struct_compatible(a: tuple, b: tuple) -> bool:
     if a == b:
         return True
@@ -93,6 +117,7 @@ class _Scorer:
         self.ci_b = np.array([s.call_index for s in bench], dtype=np.int64)
         self.structs = list(sid)
         self._compat: Dict[int, np.ndarray] = {}
+        self._weak: Dict[int, np.ndarray] = {}
 
     def _ok_vec(self, sid: int) -> np.ndarray:
         """Which structure ids are compatible with ``sid`` (computed once per id)."""
@@ -102,22 +127,33 @@ class _Scorer:
             v = self._compat[sid] = np.array([_struct_compatible(a, b) for b in self.structs], dtype=bool)
         return v
 
+    def _weak_vec(self, sid: int) -> np.ndarray:
+        """Which structure ids are weakly compatible with ``sid`` (same slots' dtype classes)."""
+        v = self._weak.get(sid)
+        if v is None:
+            a = self.structs[sid]
+            v = self._weak[sid] = np.array([_struct_weak(a, b) for b in self.structs], dtype=bool)
+        return v
+
     def score(self, i: int, j: int) -> int:
         if self.fam_n[i] != self.fam_b[j]:
             return _NEG
         si, sj = int(self.st_n[i]), int(self.st_b[j])
+        ci = int(not self.fuzzy and self.ci_n[i] == self.ci_b[j])
         if si != sj and not self._ok_vec(si)[sj]:
-            return _NEG
-        return 3 + int(si == sj) + int(not self.fuzzy and self.ci_n[i] == self.ci_b[j])
+            return 1 + ci if self._weak_vec(si)[sj] else _NEG
+        return STRONG * (3 + int(si == sj) + ci)
 
     def row(self, i: int, j0: int, j1: int) -> np.ndarray:
         stb = self.st_b[j0:j1]
         si = int(self.st_n[i])
         same = stb == si
-        ok = (self.fam_b[j0:j1] == self.fam_n[i]) & self._ok_vec(si)[stb]
-        s = np.where(ok, 3 + same.astype(np.int64), _NEG)
+        fam = self.fam_b[j0:j1] == self.fam_n[i]
+        ok = fam & self._ok_vec(si)[stb]
+        weak = fam & self._weak_vec(si)[stb]
+        s = np.where(ok, STRONG * (3 + same.astype(np.int64)), np.where(weak, 1, _NEG))
         if not self.fuzzy:
-            s += self.ci_b[j0:j1] == self.ci_n[i]
+            s += (self.ci_b[j0:j1] == self.ci_n[i]) * np.where(ok, STRONG, 1)
         return s
 
 
@@ -156,7 +192,7 @@ def _anchors(sc: _Scorer) -> List[Tuple[int, int]]:
         if jj is None or len(jj) != len(ii):
             continue
         for i, j in zip(ii, jj):
-            if sc.score(i, j) > 0:
+            if sc.score(i, j) >= STRONG * 3:   # never a weak (shape-changed) pair
                 cand.append((i, j))
     cand.sort()
     return _lis(cand)

@@ -12,8 +12,9 @@ table's columns:
   (A = max(|bench max|, |bench min|)); with ``max_fail_fraction`` > 0 the error ratio columns
   bound the failing fraction. Rows between the bounds are returned as undecided.
 
-Rows that are unpaired, of different shapes, with NaN/Inf at different places, or with nothing
-compared keep their verdict (no threshold changes it).
+Rows that are unpaired or unusable (``_unusable``: unreadable data, changed shape or dtype
+class), with NaN/Inf at different places, or with nothing compared keep their verdict (no
+threshold changes it): unusable rows never re-judge to pass.
 """
 from __future__ import annotations
 
@@ -63,8 +64,10 @@ def _full_ptdbg(row: Any, th: Any) -> str:
     from pytest_ptdbg.comparison import verdict as V
     from pytest_ptdbg.comparison.metrics import PairMetrics
 
+    msg = str(row.get("Err_message", ""))
+    zero = "NPU" if "all zeros on the NPU side" in msg else ("bench" if "all zeros on the bench side" in msg else "")
     m = PairMetrics(cosine=_f(row.get("Cosine")), max_abs_err=_f(row.get("MaxAbsErr")),
-                    compared=1)
+                    compared=1, zero_side=zero)
     return V.full_verdict(m, rule="ptdbg", th=th)
 
 
@@ -110,6 +113,7 @@ def rejudge_table(table: Any, rule: str, th: Any) -> Tuple[Any, List[str]]:
     for i, (_, row) in enumerate(out.iterrows()):
         old = verdicts[i]
         if not bool(row.get("_paired", True)) or bool(row.get("_nan_mismatch", False)) or \
+                bool(row.get("_unusable", False)) or \
                 _shape(row.get("NPU Tensor Shape")) != _shape(row.get("Bench Tensor Shape")) or \
                 old == "":
             continue

@@ -5,6 +5,12 @@ Columns: ptdbg's CSV columns (:data:`FULL_COLUMNS` or, for a summary compare, :d
 then the internal underscore columns of docs/DESIGN.md (the CSV writer builds ``NPU_Stack_Info``
 from ``_stack`` when ``stack_mode``).
 Metric cells are floats (NaN when not computed; ``Err_message`` says why), shapes are lists.
+
+Nothing unusable passes: a row whose data could not be used (a call or tensor on one side only, a
+missing/unreadable/mismatched data file, a changed shape or dtype class) is ``Accuracy Reached or
+Not`` = ``"No"`` with ``_passed`` False and ``_unusable`` True, and its ``Err_message`` names the
+record or file. ``""`` (not compared) is left only for pairs with nothing to compare (empty tensors,
+bool tensors without statistics, NaN at the same places everywhere).
 ``table.attrs``: ``summary_compare``, ``stack_mode``, ``rule``.
 
 Tensor pairs are compared by a small thread pool (numpy releases the GIL); each pair is streamed
@@ -22,7 +28,7 @@ import pandas as pd
 
 from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison import verdict as V
-from pytest_ptdbg.comparison.pairing import pair_apis
+from pytest_ptdbg.comparison.pairing import dtype_class, pair_apis
 from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
 
@@ -36,7 +42,8 @@ FULL_COLUMNS = HEAD + METRICS + STATS + TAIL
 SUMMARY_COLUMNS = HEAD + DIFFS + STATS + TAIL
 STACK_COLUMN = "NPU_Stack_Info"
 INTERNAL = ["_api", "_bench_api", "_family", "_direction", "_io", "_index", "_order", "_ctx", "_stack",
-            "_paired", "_rel_l2", "_nan_mismatch", "_npu_nonfinite", "_bench_nonfinite", "_passed"]
+            "_paired", "_rel_l2", "_nan_mismatch", "_npu_nonfinite", "_bench_nonfinite", "_passed",
+            "_unusable"]
 
 #: worker threads comparing tensor pairs
 WORKERS = 2
@@ -61,11 +68,22 @@ def _source(t: TensorRec):
     return npy.NpyStream(path, t.name, t.shape, t.dtype)
 
 
+def _as_real(t: TensorRec) -> np.ndarray:
+    """A complex tensor's data as interleaved (real, imag) floats."""
+    arr = npy.load_pt(t.data_file, t.name, t.shape, t.dtype) if t.data_file.endswith(".pt") \
+        else npy.load_npy(t.data_file, t.name, t.shape, t.dtype, mmap=True)
+    arr = np.ascontiguousarray(arr)
+    return arr.view(arr.real.dtype) if arr.dtype.kind == "c" else arr
+
+
 def _compare_job(nt: TensorRec, bt: TensorRec, tol) -> Tuple[Optional[M.PairMetrics], str]:
     if tuple(nt.shape) != tuple(bt.shape):
         return M.shape_mismatch(nt.shape, bt.shape), ""
     if "complex" in nt.dtype or "complex" in bt.dtype:
-        return None, f"{nt.name}: complex tensors are not compared (dtype {nt.dtype} / {bt.dtype})"
+        try:
+            return M.compare_arrays(_as_real(nt), _as_real(bt), M.dtype_eps(bt.dtype), tol), ""
+        except (ValueError, OSError) as e:
+            return None, str(e)
     a = b = None
     try:
         a = _source(nt)
@@ -138,15 +156,21 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
                 "_paired": bool(nt and bt), "_rel_l2": math.nan, "_nan_mismatch": False,
                 "_npu_nonfinite": _nonfinite_from_stats(nt) if nt else 0,
                 "_bench_nonfinite": _nonfinite_from_stats(bt) if bt else 0, "_passed": True,
+                "_unusable": False,
             })
             if nt is None or bt is None:
                 if na is None:
-                    r["Err_message"] = f"bench API {ba.key} has no matching NPU API (unpaired)"
+                    _unusable(r, f"bench API {ba.key} has no matching NPU API (unpaired)")
                 elif ba is None:
-                    r["Err_message"] = f"NPU API {na.key} has no matching bench API (unpaired)"
+                    _unusable(r, f"NPU API {na.key} has no matching bench API (unpaired)")
                 else:
                     side = "bench" if bt is None else "NPU"
-                    r["Err_message"] = f"no {side} tensor {t.slot} for this API"
+                    _unusable(r, f"no {side} tensor {t.slot} for this API (unpaired tensor)")
+            elif tuple(nt.shape) != tuple(bt.shape):
+                _unusable(r, f"shape changed (Unmatched): NPU {list(nt.shape)} vs bench {list(bt.shape)}")
+            elif dtype_class(nt.dtype) != dtype_class(bt.dtype):
+                _unusable(r, f"dtype class changed: NPU {nt.dtype} ({dtype_class(nt.dtype)}) vs bench "
+                             f"{bt.dtype} ({dtype_class(bt.dtype)})")
             elif summary:
                 _summary_row(r, nt, bt, rule, th)
             elif nt.data_file and bt.data_file:
@@ -162,8 +186,9 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
                     r["Err_message"] = "; ".join(m for m in (r["Err_message"], f"compared from statistics: {why}") if m)
                     problems.append(why)
             else:
-                why = nt.data_problem or bt.data_problem or "no data file saved for this tensor"
-                r["Err_message"] = f"no data to compare (Nan): {why}"
+                why = nt.data_problem or bt.data_problem or \
+                    f"no data file saved for {nt.name if not nt.data_file else bt.name}"
+                _unusable(r, f"no data to compare (Nan): {why}")
                 if nt.data_problem or bt.data_problem:
                     problems.append(why)
             rows.append(r)
@@ -173,6 +198,14 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
     df = pd.DataFrame(rows, columns=cols) if rows else pd.DataFrame({c: [] for c in cols})
     df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule})
     return df
+
+
+def _unusable(r: dict, message: str) -> None:
+    """Mark a row whose data could not be used: it fails the verdict, whatever the thresholds."""
+    r["Accuracy Reached or Not"] = "No"
+    r["_passed"] = False
+    r["_unusable"] = True
+    r["Err_message"] = "; ".join(m for m in (r.get("Err_message"), message) if m)
 
 
 def _is_scalar(t: TensorRec) -> bool:
@@ -211,11 +244,6 @@ def _summary_row(r: dict, nt: TensorRec, bt: TensorRec, rule: str, th: V.Thresho
     for c, v in zip(DIFFS, diffs):
         r[c] = v
     msgs = []
-    if tuple(nt.shape) != tuple(bt.shape):
-        r["Accuracy Reached or Not"] = "No"
-        r["_passed"] = False
-        r["Err_message"] = f"shape mismatch (Unmatched): NPU {list(nt.shape)} vs bench {list(bt.shape)}"
-        return
     verdict, mism = V.summary_verdict(nt.stats, bt.stats, r["_npu_nonfinite"], r["_bench_nonfinite"],
                                       nt.shape, nt.dtype, bt.dtype, rule, th)
     r["_rel_l2"] = M.summary_rel_l2(nt.stats, bt.stats)
@@ -258,7 +286,7 @@ def _run_jobs(rows, jobs, rule, th, problems, progress, workers) -> None:
         idx, nt, bt, _ = job
         r = rows[idx]
         if m is None:
-            r["Err_message"] = f"no data to compare (Nan): {err}"
+            _unusable(r, f"no data to compare (Nan): {err}")
             problems.append(err)
             continue
         _fill_metrics(r, m, nt, bt, rule, th)

@@ -24,7 +24,10 @@ fail large-valued tensors for the rounding error bf16 always has (MaxAbsErr > 1 
 and cannot tell it from a real fault.
 
 Both rules: NaN/Inf positions (counts, in summary compare) that differ, or a shape mismatch, give
-``No``; a pair with nothing to compare (empty, all NaN at the same places, missing data) gives ``""``.
+``No``; a pair with nothing to compare (empty, all NaN at the same places) gives ``""``. Data that
+could not be used (missing/unreadable files, unpaired calls, a changed dtype class) is judged ``No``
+by the table (``comparison/table.py``), never here. ptdbg rule: one side all zeros while the other
+is not (cosine undefined) gives ``No`` when MaxAbsErr > ``max_abs`` (both ~0 stays ``Yes``).
 """
 from __future__ import annotations
 
@@ -96,6 +99,8 @@ def full_verdict(m: PairMetrics, npu_dtype: Optional[str] = None, bench_dtype: O
             raise ValueError("dtype rule: metrics were computed without a tolerance (tol_fail is None)")
         return "Yes" if m.tol_fail <= th.max_fail_fraction * m.compared else "No"
     cos, mae = m.cosine, m.max_abs_err
+    if m.zero_side and not mae <= th.max_abs:
+        return "No"
     has_cos = not math.isnan(cos)
     bad = (has_cos and cos < th.cosine and mae > th.max_abs) or (has_cos and cos < th.cosine_hard) \
         or mae > th.max_abs_hard or math.isnan(mae)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from typing import Optional, Sequence
 
 import numpy as np
@@ -24,6 +25,10 @@ _KINDS = {"f": "fc", "c": "c", "i": "iu", "u": "iu", "b": "b"}
 def record_dtype_kind(dtype: str) -> str:
     """numpy kind letter for a record dtype such as ``"torch.bfloat16"`` (``"f"``, ``"i"``, ``"u"``, ``"b"``, ``"c"``)."""
     d = (dtype or "").replace("torch.", "")
+    if d.startswith("<class '") and d.endswith("'>"):   # ptdbg v4's Python scalars: "<class 'int'>"
+        d = d[len("<class '"):-2]
+    if d == "int":
+        return "i"
     if d in ("bool",):
         return "b"
     if d.startswith("complex"):
@@ -39,6 +44,28 @@ def data_path(data_dir: str, key_or_file: str) -> str:
     """Path of a tensor's data file inside ``data_dir`` (``key`` or ``key.npy``); never outside it."""
     key = key_or_file[:-4] if key_or_file.endswith(".npy") else key_or_file
     return records.safe_data_path(data_dir, key)
+
+
+def open_regular(path: str, name: str = ""):
+    """Open a data file for binary reading only when it is a regular file.
+
+    Opened non-blocking and checked with ``fstat``, so a FIFO in place of a file is refused at once
+    instead of hanging; raises FileNotFoundError / ValueError naming the file and the record.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: data file of record {name!r} not found") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot open data file of record {name!r} ({e.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: data file of record {name!r} is not a regular file (FIFO, device "
+                             "or socket): not read")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _check(path: str, name: str, shape: Sequence[int], kind: str, rec_shape, rec_dtype) -> None:
@@ -89,10 +116,10 @@ class NpyStream:
     def __init__(self, path: str, name: str = "", rec_shape=None, rec_dtype: Optional[str] = None):
         self.path = path
         self._arr = None
-        f = open(path, "rb")
+        f = open_regular(path, name)
         try:
             shape, fortran, dtype = _read_header(f, path)
-        except (ValueError, TypeError, SyntaxError) as e:
+        except (ValueError, TypeError, SyntaxError, MemoryError, OverflowError) as e:
             f.close()
             raise ValueError(f"{path}: not a valid .npy file for record {name!r} ({e})") from None
         except Exception:
@@ -111,19 +138,22 @@ class NpyStream:
             raise
         self._f = f
         self._pos = 0
-        if fortran and len(self.shape) > 1:
+        start = f.tell()
+        end = os.fstat(f.fileno()).st_size
+        if end - start < self.size * dtype.itemsize:   # checked before anything is allocated
             f.close()
-            self._f = None
-            self._arr = np.ascontiguousarray(np.load(path, allow_pickle=False)).reshape(-1)
-        else:
-            start = f.tell()
-            end = os.fstat(f.fileno()).st_size
-            if end - start < self.size * dtype.itemsize:
+            raise ValueError(
+                f"{path}: truncated .npy for record {name!r} "
+                f"({end - start} bytes of data, {self.size * dtype.itemsize} expected)"
+            )
+        if fortran and len(self.shape) > 1:
+            try:
+                f.seek(start)
+                flat = np.fromfile(f, dtype=dtype, count=self.size)
+                self._arr = np.ascontiguousarray(flat.reshape(self.shape[::-1]).T).reshape(-1)
+            finally:
                 f.close()
-                raise ValueError(
-                    f"{path}: truncated .npy for record {name!r} "
-                    f"({end - start} bytes of data, {self.size * dtype.itemsize} expected)"
-                )
+                self._f = None
 
     def read_into(self, buf: np.ndarray) -> int:
         """Fill ``buf`` (1-D, dtype == self.dtype) with the next elements; returns the count."""
@@ -155,11 +185,11 @@ class NpyStream:
 def load_npy(path: str, name: str = "", rec_shape=None, rec_dtype: Optional[str] = None,
              mmap: bool = False) -> np.ndarray:
     """Load a whole ``.npy`` safely (no pickle), optionally memory-mapped, checked against the record."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: data file of record {name!r} not found")
+    with NpyStream(path, name, rec_shape, rec_dtype):   # regular file, header and size checked first
+        pass
     try:
         arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
-    except ValueError as e:
+    except (ValueError, OSError, MemoryError) as e:
         raise ValueError(f"{path}: cannot read data of record {name!r} ({e})") from None
     _check(path, name, arr.shape, arr.dtype.kind, rec_shape, rec_dtype)
     return arr
@@ -167,8 +197,7 @@ def load_npy(path: str, name: str = "", rec_shape=None, rec_dtype: Optional[str]
 
 def load_pt(path: str, name: str = "", rec_shape=None, rec_dtype: Optional[str] = None) -> np.ndarray:
     """Load an msprobe ``.pt`` tensor (``torch.load(weights_only=True)``, torch imported here only)."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: data file of record {name!r} not found")
+    open_regular(path, name).close()
     import torch  # deferred: only msprobe tensor dumps need it
 
     try:

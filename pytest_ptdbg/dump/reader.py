@@ -4,20 +4,34 @@
 - :func:`read_dump` parses it into a :class:`Dump`: APIs grouped by API key in order of first
   appearance, each with its tensor records (file order) and stack. A corrupt or truncated line is
   reported in ``Dump.problems`` as ``file:line: why`` and the rest is kept.
+
+Every entry of ``Dump.problems`` means some of the dump could not be used: compare counts each
+against its verdict. ``Dump.notes`` holds what is worth saying but fails nothing (a ptdbg/msprobe
+dump's completeness is unknown). Completeness follows ``dump/manifest.py``'s rule
+(``Dump.completeness``). Only regular files are read (a FIFO or device in place of a file is
+refused by ``fstat`` before any read), lines are bounded in length and JSON nesting depth.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import stat as _stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from pytest_ptdbg.format import records
+from pytest_ptdbg.format.manifest import Completeness, judge_completeness
 
 MSPROBE_JSON = "dump.json"
 MSPROBE_STACK = "stack.json"
 MSPROBE_DATA = "dump_tensor_data"
+#: a ``.pkl`` line longer than this is refused (records are short; a deep stack is a few KB)
+MAX_LINE_BYTES = 16 << 20
+#: JSON nesting deeper than this is refused before parsing (a record nests 4 levels, a call spec a few more)
+MAX_DEPTH = 64
+#: corrupt lines reported one by one; beyond, one summary line
+MAX_LINE_PROBLEMS = 50
 
 
 @dataclass
@@ -82,6 +96,8 @@ class Dump:
     apis: List[ApiRec]
     problems: List[str]
     has_data: bool = False          # some tensor has a data file
+    notes: List[str] = field(default_factory=list)   # worth saying, fails nothing
+    completeness: Optional[Completeness] = None
 
     @property
     def n_tensors(self) -> int:
@@ -110,6 +126,8 @@ def locate(path: str) -> Located:
     """
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file or directory")
+    if not os.path.isfile(path) and not os.path.isdir(path):
+        raise ValueError(f"{path}: not a regular file or folder (a device, FIFO or socket): not read")
     if os.path.isfile(path):
         base = os.path.basename(path)
         if base.endswith(".json"):
@@ -150,6 +168,8 @@ def rank_dirs(step_dir: str) -> List[Tuple[int, str]]:
         m = re.match(r"^rank(\d+)$", e)
         if m and os.path.isdir(os.path.join(step_dir, e)):
             out.append((int(m.group(1)), os.path.join(step_dir, e)))
+        elif re.match(r"^rank\d+\.lock$", e):
+            continue  # a writer's lock (left behind by a killed run): its rank's manifest says incomplete
         else:
             other.append(e)
     if other:
@@ -184,7 +204,8 @@ class _Builder:
         if data_dir is not None:
             if os.path.isdir(data_dir):
                 try:
-                    self.files = {e.name: (e.inode(), e.is_symlink()) for e in os.scandir(data_dir)}
+                    self.files = {e.name: (e.inode(), e.is_symlink(), _is_regular(e))
+                                  for e in os.scandir(data_dir)}
                 except OSError as e:
                     problems.append(f"{data_dir}: cannot list data directory ({e})")
                     self.files = {}
@@ -222,6 +243,10 @@ class _Builder:
             return
         t.data_inode = entry[0]
         path = os.path.join(self.data_dir, fname)
+        if not entry[2]:
+            t.data_problem = f"{path}: data file of {t.name!r} is not a regular file (a FIFO, device or " \
+                             "broken link): not read"
+            return
         if entry[1]:  # a symbolic link: only when it stays inside the data directory
             if self._root is None:
                 self._root = os.path.realpath(self.data_dir)
@@ -237,10 +262,75 @@ class _Builder:
         return Dump(self.source, self.data_dir, layout, mode, apis, self.problems, has)
 
 
+def _is_regular(entry: "os.DirEntry") -> bool:
+    try:
+        return entry.is_file()     # follows a symbolic link; False for FIFOs, devices, sockets
+    except OSError:
+        return False
+
+
 def _shape(v: Any) -> Tuple[int, ...]:
+    if isinstance(v, str) and v.replace(" ", "") == "[]":
+        return ()   # ptdbg v4 writes a Python scalar's shape as the string "[]"
     if not isinstance(v, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in v):
         raise ValueError(f"shape must be a list of ints, got {v!r}")
     return tuple(v)
+
+
+def _open_regular(path: str, what: str):
+    """Open ``path`` for binary reading only when it is a regular file (never blocks on a FIFO)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise FileNotFoundError(f"{path}: cannot open {what} ({e.strerror})") from None
+    try:
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: {what} is not a regular file (a device, FIFO or socket): not read")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def nesting_ok(value: Any, limit: int = MAX_DEPTH, brackets: Optional[int] = None) -> bool:
+    """Whether parsed JSON ``value`` nests at most ``limit`` deep.
+
+    ``brackets``: the number of ``[`` and ``{`` in its text, when known: at most ``limit`` of them
+    cannot nest deeper, and a stack record whose text holds exactly one per frame (+2) has flat
+    frames; only other values are walked (iteratively, stopping at the first too deep).
+    """
+    if brackets is not None:
+        if brackets <= limit:
+            return True
+        if (isinstance(value, list) and len(value) == 2 and isinstance(value[1], list)
+                and brackets == 2 + len(value[1]) and all(type(f) is list for f in value[1])):
+            return True
+    todo = [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if d > limit:
+            return False
+        if isinstance(v, list):
+            todo.extend((x, d + 1) for x in v if isinstance(x, (list, dict)))
+        elif isinstance(v, dict):
+            todo.extend((x, d + 1) for x in v.values() if isinstance(x, (list, dict)))
+    return True
+
+
+def _lines(f, pkl: str, problems: List[str]):
+    """``(lineno, text, complete)`` of a binary file; over-long lines reported and skipped."""
+    lineno = 0
+    while True:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        lineno += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            while raw and not raw.endswith(b"\n"):
+                raw = f.readline(MAX_LINE_BYTES + 1)
+            problems.append(f"{pkl}:{lineno}: line longer than {MAX_LINE_BYTES} bytes skipped (not a ptdbg record)")
+            continue
+        yield lineno, raw, raw.endswith(b"\n")
 
 
 def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
@@ -248,25 +338,48 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
     b = _Builder(pkl, data_dir, problems)
     base = os.path.basename(pkl)
     mode = base[: -len("_dump.pkl")] if base.endswith("_dump.pkl") else ""
-    try:
-        f = open(pkl, "r", encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise FileNotFoundError(f"{pkl}: cannot open ({e.strerror})") from None
+    f = _open_regular(pkl, "the record file")
     stacks: Dict[str, list] = {}
+    complete_lines = 0
+    ours = False
+    bad = 0
     with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
+        for lineno, raw, whole in _lines(f, pkl, problems):
+            if not raw.strip():
                 continue
+            if whole:
+                complete_lines += 1
             try:
-                rec = json.loads(line)
-            except ValueError as e:
-                what = "truncated" if not line.endswith("\n") else "corrupt"
-                problems.append(f"{pkl}:{lineno}: {what} line skipped ({e.msg})")
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                line = ""
+            if not line or "\x00" in line:
+                rec, why = None, "binary or non-UTF-8 bytes (not a ptdbg text record)"
+            else:
+                try:
+                    rec, why = json.loads(line), ""
+                except ValueError as e:
+                    rec, why = None, e.msg
+                except RecursionError:
+                    rec, why = None, f"JSON nested deeper than {MAX_DEPTH} levels"
+                if not why and not nesting_ok(rec, MAX_DEPTH, line.count("[") + line.count("{")):
+                    rec, why = None, f"JSON nested deeper than {MAX_DEPTH} levels"
+            if why:
+                bad += 1
+                what = "truncated" if not whole else "corrupt"
+                if bad <= MAX_LINE_PROBLEMS:
+                    problems.append(f"{pkl}:{lineno}: {what} line skipped ({why})")
                 continue
+            if isinstance(rec, list) and len(rec) > 6 and isinstance(rec[6], dict):
+                ours = True
             try:
                 _add_ptdbg_record(b, rec, lineno, stacks)
             except ValueError as e:
-                problems.append(f"{pkl}:{lineno}: {e}")
+                bad += 1
+                if bad <= MAX_LINE_PROBLEMS:
+                    problems.append(f"{pkl}:{lineno}: {e}")
+    if bad > MAX_LINE_PROBLEMS:
+        problems.append(f"{pkl}: {bad - MAX_LINE_PROBLEMS} more unreadable lines not listed ({bad} in all)")
     for key, frames in stacks.items():
         a = b.apis.get(key)
         if a is None:
@@ -276,7 +389,13 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
                 problems.append(f"{pkl}: stack record: {e}")
                 continue
         a.stack = frames
-    return b.done("ptdbg", mode)
+    dump = b.done("ptdbg", mode)
+    dump.completeness = judge_completeness(pkl, complete_lines, ours)
+    if dump.completeness.failed:
+        problems.append(dump.completeness.message)
+    elif dump.completeness.status == "unknown":
+        dump.notes.append(dump.completeness.message)
+    return dump
 
 
 def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list]) -> None:
@@ -294,6 +413,7 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
     p = records.parse_name(name)
     if p.io is None:
         raise ValueError(f"record {name!r}: a tensor name needs _input.N or _output.N")
+    # rec[1] (0, or 1 in some ptdbg v4 dumps) and rec[2] are not used
     dtype = rec[3]
     if not isinstance(dtype, str):
         raise ValueError(f"record {name!r}: dtype must be a string, got {dtype!r}")
@@ -303,7 +423,10 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         raise ValueError(f"record {name!r}: {e}") from None
     stats = rec[5] if isinstance(rec[5], list) else []
     extra = rec[6] if len(rec) > 6 and isinstance(rec[6], dict) else {}
-    cut = max(name.rfind("_" + p.io + "."), name.rfind("." + p.io + "."))
+    if name.endswith(("_" + p.io, "." + p.io)):   # ptdbg's single output without an index
+        cut = len(name) - len(p.io) - 1
+    else:
+        cut = max(name.rfind("_" + p.io + "."), name.rfind("." + p.io + "."))
     api_key = name[:cut]
     t = TensorRec(name, api_key, p.io, p.index or (), p.direction, dtype, shape, stats, extra, lineno)
     a = b.api(api_key, p)
@@ -372,11 +495,14 @@ def _walk(value: Any, prefix: Tuple[int, ...]):
 
 def _read_msprobe(path: str, data_dir: Optional[str]) -> Dump:
     problems: List[str] = []
+    with _open_regular(path, "the msprobe dump.json") as f:
+        raw = f.read()
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except OSError as e:
-        raise FileNotFoundError(f"{path}: cannot open ({e.strerror})") from None
+        doc = json.loads(raw.decode("utf-8"))
+        if not nesting_ok(doc, MAX_DEPTH):
+            raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels")
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deep: not read") from None
     except ValueError as e:
         raise ValueError(f"{path}: not valid JSON (truncated or corrupt: {e})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
@@ -428,4 +554,7 @@ def _read_msprobe(path: str, data_dir: Optional[str]) -> Dump:
                     except ValueError as e:
                         t.data_problem = str(e)
                         problems.append(f"{path}: {e}")
-    return b.done("msprobe", str(doc.get("task", "")))
+    dump = b.done("msprobe", str(doc.get("task", "")))
+    dump.completeness = Completeness("unknown", f"{path}: msprobe dump: completeness unknown")
+    dump.notes.append(dump.completeness.message)
+    return dump

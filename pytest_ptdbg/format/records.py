@@ -39,11 +39,11 @@ OPTIMIZER_CTX = "optimizer"
 
 _UNDERSCORE = re.compile(
     r"^(?P<type>[A-Za-z]+)_(?P<api>.+)_(?P<k>\d+)_(?P<dir>forward|backward)"
-    r"(?:_(?P<io>input|output)(?P<idx>(?:\.\d+)+))?$"
+    r"(?:_(?P<io>input|output)(?P<idx>(?:\.\d+)+)?)?$"
 )
 _DOTTED = re.compile(
     r"^(?P<type>[A-Za-z]+)\.(?P<api>.+)\.(?P<k>\d+)\.(?P<dir>forward|backward)"
-    r"(?:\.(?P<io>input|output)(?P<idx>(?:\.\d+)+))?$"
+    r"(?:\.(?P<io>input|output)(?P<idx>(?:\.\d+)+)?)?$"
 )
 
 
@@ -91,7 +91,8 @@ def stack_key(api: str) -> str:
 def parse_name(name: str) -> ParsedName:
     """Parse an API key or tensor key, in ptdbg's underscore or msprobe's dotted spelling.
 
-    Raises ValueError naming the string when it is neither.
+    A tensor key without an index (``Functional_conv2d_0_forward_output``, as ptdbg v4 writes a
+    single output) gets index ``(0,)``. Raises ValueError naming the string when it is neither.
     """
     m = _UNDERSCORE.match(name) or _DOTTED.match(name)
     if m is None:
@@ -106,7 +107,7 @@ def parse_name(name: str) -> ParsedName:
         call_index=int(m.group("k")),
         direction=m.group("dir"),
         io=m.group("io"),
-        index=tuple(int(p) for p in idx.strip(".").split(".")) if idx else None,
+        index=tuple(int(p) for p in idx.strip(".").split(".")) if idx else ((0,) if m.group("io") else None),
     )
 
 

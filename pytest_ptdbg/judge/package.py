@@ -102,8 +102,10 @@ class Package:
             from pytest_ptdbg.dump.npy import load_pt
 
             arr = load_pt(path, key)
-        else:
-            arr = np.load(path, allow_pickle=False)
+        else:  # regular file, header checked against the package's shape and the file's size first
+            from pytest_ptdbg.dump.npy import load_npy
+
+            arr = load_npy(path, key, self.tensors[key].shape)
         info = self.tensors[key]
         if tuple(arr.shape) != tuple(info.shape):
             raise ValueError(

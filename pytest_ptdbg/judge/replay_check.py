@@ -34,6 +34,7 @@ import numpy as np
 
 from pytest_ptdbg.format import records
 from pytest_ptdbg.dump import reader
+from pytest_ptdbg.dump.npy import load_npy
 from pytest_ptdbg.errors import ReplayRefused
 
 __all__ = ["ReplayVerdict", "check_suspects", "check_apis", "replay_section", "OWN_SHARE"]
@@ -264,7 +265,7 @@ def _pair_error(npu_pkg: Any, b_rec: Dict[str, reader.TensorRec], keys: Iterable
         t = b_rec.get(k)
         if t is None or not t.data_file or k not in npu_pkg.tensors:
             continue
-        b = np.load(t.data_file, allow_pickle=False)
+        b = load_npy(t.data_file, t.name, t.shape, t.dtype)   # regular file, header and size checked
         e = _err(npu_pkg.load_array(k), b, npu_pkg.tensors[k].dtype, t.dtype)
         worst = e if math.isnan(worst) else max(worst, e)
     return worst

@@ -33,6 +33,8 @@ class Evaluation:
     needed: Dict[str, float] = field(default_factory=dict)
     problems: List[str] = field(default_factory=list)
     compare_result: Any = None
+    #: failing rows whose data could not be used (``_unusable``): no threshold passes them
+    n_unusable: int = 0
 
     @property
     def first_suspect(self) -> Any:
@@ -108,11 +110,15 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
     passed_col = table["_passed"].astype(bool).to_numpy() if len(table) else np.ones(0, bool)
     failing = ~passed_col
     worst = _worst(table, ~ignored)
-    needed = _needed(table[failing], s) if failing.any() else {}
-    return Evaluation(passed=not failing.any(), table=table, advice=advice, settings=s,
+    problems = list(getattr(cmp, "problems", []) or [])   # unusable data: never a pass
+    unusable = failing & (table["_unusable"].fillna(False).astype(bool).to_numpy()
+                          if "_unusable" in table.columns else np.zeros(len(table), bool))
+    # thresholds that would pass: only when every failure is a threshold matter
+    needed = _needed(table[failing], s) if failing.any() and not unusable.any() and not problems else {}
+    return Evaluation(passed=not failing.any() and not problems, table=table, advice=advice, settings=s,
                       compare_result=cmp,
                       n_failed=int(failing.sum()), n_ignored=int(ignored.sum()), worst=worst,
-                      needed=needed, problems=list(getattr(cmp, "problems", []) or []))
+                      needed=needed, problems=problems, n_unusable=int(unusable.sum()))
 
 
 def _rejudge(cmp: Any, s: Settings) -> Any:
@@ -127,7 +133,8 @@ def _rejudge(cmp: Any, s: Settings) -> Any:
 
     table, undecided = rejudge_table(cmp.table, s.rule, to_thresholds(s))
     if not undecided:
-        return dataclasses.replace(cmp, table=table, passed=bool(table["_passed"].all()))
+        passed = bool(table["_passed"].all()) and not getattr(cmp, "problems", None)
+        return dataclasses.replace(cmp, table=table, passed=passed)
     params = getattr(cmp, "input_param", None)
     if params:
         out = os.path.join(os.path.dirname(cmp.csv_path), f"rejudged-{s.rule}")
@@ -266,6 +273,9 @@ def failure_message(ev: Evaluation, result: Any) -> str:
               f"{result.bench_label})"
     lines.append(f"precision check failed{who}: {ev.n_failed} tensor(s) out of tolerance under "
                  f"the {s.rule} rule")
+    if ev.n_unusable or ev.problems:
+        lines.append(f"unusable data (no threshold passes it): {ev.n_unusable} row(s) not comparable "
+                     f"(unpaired, unreadable, shape or dtype class changed), {len(ev.problems)} problem(s)")
     first = ev.first_suspect
     if first is not None:
         lines.append(f"first suspect: {first.api} ({first.direction}, {first.kind}, "

@@ -76,6 +76,20 @@ def strip_stacks(dump_path: str) -> None:
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 f.writelines(lines)
             os.replace(path + ".tmp", path)
+            _recount_manifest(path, lines)
+
+
+def _recount_manifest(pkl: str, lines: list) -> None:
+    """The stripped ``.pkl``'s manifest counts the lines it still holds (status unchanged)."""
+    from pytest_ptdbg.format.manifest import read_manifest, write_manifest
+
+    try:
+        doc = read_manifest(pkl)
+    except ValueError:
+        return  # an invalid manifest stays invalid: compare reports it
+    if doc is not None:
+        n = sum(1 for ln in lines if ln.endswith("\n") and ln.strip())
+        write_manifest(pkl, n, doc["complete"], doc.get("reason"))
 
 
 def _is_stack_line(line: str, suffix: str) -> bool:
