@@ -293,8 +293,16 @@ def _lstm_backend(x: torch.Tensor) -> Any:
     lower = x.dtype == torch.bfloat16 or (
         torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
     if x.device.type == "cpu" and lower and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return torch.backends.mkldnn.flags(enabled=False)
+        return _without_onednn()
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _without_onednn() -> Iterator[None]:
+    """oneDNN off for the block, its other flags as they were (no TF32 warning)."""
+    m = torch.backends.mkldnn
+    with m.flags(enabled=False, deterministic=m.deterministic, allow_tf32=m.allow_tf32):
+        yield
 
 
 def lstm(seed: int = 0, batch_size: int = 8, seq_len: int = 12, d_in: int = 8,
