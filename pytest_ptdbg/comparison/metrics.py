@@ -380,21 +380,22 @@ def summary_diffs(npu_stats, bench_stats) -> Tuple[float, float, float, float]:
     """Summary compare: (max, min, mean, l2norm) differences NPU − bench; NaN where unknown."""
     out = []
     for i in range(4):
-        a = _num(npu_stats, i)
-        b = _num(bench_stats, i)
+        a = stat_at(npu_stats, i)
+        b = stat_at(bench_stats, i)
         out.append(a - b if a is not None and b is not None else math.nan)
     return tuple(out)
 
 
 def summary_rel_l2(npu_stats, bench_stats) -> float:
     """Relative L2-norm difference |‖n‖ − ‖b‖| / ‖b‖ from the statistics; NaN when unknown."""
-    a, b = _num(npu_stats, 3), _num(bench_stats, 3)
+    a, b = stat_at(npu_stats, 3), stat_at(bench_stats, 3)
     if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
         return math.nan
     return _rel(a, b)
 
 
-def _num(stats, i: int) -> Optional[float]:
+def stat_at(stats, i: int) -> Optional[float]:
+    """Statistic ``i`` of ``[max, min, mean, l2norm]`` as a float; None when absent or not a number."""
     if not stats or len(stats) <= i:
         return None
     v = stats[i]

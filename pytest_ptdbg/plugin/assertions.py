@@ -40,7 +40,7 @@ class Evaluation:
         return self.advice.first
 
 
-def _num(value: Any) -> float:
+def _to_float(value: Any) -> float:
     try:
         out = float(value)
     except (TypeError, ValueError):
@@ -159,7 +159,7 @@ def _worst(table: Any, considered: Any) -> Optional[Dict[str, Any]]:
     out: Dict[str, Any] = {"api": str(row["_api"]), "tensor": str(row.get("NPU Name", ""))}
     for col, key in (("Cosine", "cosine"), ("MaxAbsErr", "max_abs_err"), ("_rel_l2", "rel_l2")):
         if col in table.columns:
-            v = _num(row[col])
+            v = _to_float(row[col])
             out[key] = None if math.isnan(v) else v
     return out
 
@@ -167,7 +167,7 @@ def _worst(table: Any, considered: Any) -> Optional[Dict[str, Any]]:
 def _col(table: Any, name: str) -> List[float]:
     if name not in table.columns:
         return []
-    return [_num(v) for v in table[name]]
+    return [_to_float(v) for v in table[name]]
 
 
 def _max(values: List[float]) -> Optional[float]:
@@ -180,8 +180,8 @@ def _stat_rel(failing: Any, scale_by_range: bool) -> List[float]:
     out = []
     stats = ("max", "min", "mean", "l2norm")
     for _, row in failing.iterrows():
-        n = [_num(row.get(f"NPU {k}")) for k in stats]
-        b = [_num(row.get(f"Bench {k}")) for k in stats]
+        n = [_to_float(row.get(f"NPU {k}")) for k in stats]
+        b = [_to_float(row.get(f"Bench {k}")) for k in stats]
         span = max((abs(v) for v in b[:2] if math.isfinite(v)), default=0.0)
         worst = math.nan
         for k, (x, y) in enumerate(zip(n, b)):
