@@ -346,28 +346,10 @@ def compare_streams(src_n, src_b, eps: float, tol: Optional[Tuple[float, float]]
     return _finish(acc, size)
 
 
-# Single-metric helpers (thin wrappers, for tests and interactive use).
+# A single-metric helper (a thin wrapper, for tests and interactive use).
 
 def cosine(npu, bench) -> float:
     return compare_arrays(npu, bench).cosine
-
-
-def max_abs_err(npu, bench) -> float:
-    return compare_arrays(npu, bench).max_abs_err
-
-
-def max_rel_err(npu, bench, eps: Optional[float] = None) -> float:
-    return compare_arrays(npu, bench, eps=eps).max_rel_err
-
-
-def err_ratios(npu, bench, eps: Optional[float] = None) -> Tuple[float, float]:
-    """(one-thousandth, five-thousandths) pass fractions."""
-    m = compare_arrays(npu, bench, eps=eps)
-    return m.one_thousandth, m.five_thousandths
-
-
-def rel_l2(npu, bench) -> float:
-    return compare_arrays(npu, bench).rel_l2
 
 
 def _rel(a: float, b: float) -> float:
