@@ -42,6 +42,7 @@ import pandas as pd
 
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.columns import float_column, to_bool_array
+from pytest_ptdbg.format.text import fmt_error, fmt_growth
 
 #: Errors below this count as agreement when computing growth (about float32 resolution).
 NOISE_FLOOR = 1e-7
@@ -99,7 +100,7 @@ class Suspect:
     def growth_text(self) -> str:
         """``x1.2e4``, ``new NaN/Inf``, ``carries NaN/Inf``."""
         carried = math.isinf(self.input_error) and math.isinf(self.output_error)
-        return at.fmt_growth(self.growth, carried)
+        return fmt_growth(self.growth, carried)
 
     @property
     def location(self) -> str:
@@ -133,7 +134,7 @@ class Advice:
     n_unpaired: int = 0
     #: root-cause calls found (nonfinite, own, unpaired) before ``top`` cut the list
     n_root_causes: int = 0
-    #: the replay check's verdicts (``advise.replay_check.ReplayVerdict``), when it ran
+    #: the replay check's verdicts (``judge.replay_verdict.ReplayVerdict``), when it ran
     replay: List[Any] = field(default_factory=list)
 
     @property
@@ -179,14 +180,14 @@ class Advice:
             for s in inh:
                 tag = " [negligible: fails a strict rule at noise level]" if s.role == "negligible" else ""
                 lines.append(f"  - {s.api}{tag} (CSV line {s.csv_line}): input error "
-                             f"{at.fmt_err(s.input_error)}, output error "
-                             f"{at.fmt_err(s.output_error)} ({s.growth_text})"
+                             f"{fmt_error(s.input_error)}, output error "
+                             f"{fmt_error(s.output_error)} ({s.growth_text})"
                              f"  at {s.location}")
             more = self.n_inherited - len(inh)
             if more > 0:
                 lines.append(f"  ... and {more} more")
         if self.replay:
-            from pytest_ptdbg.judge.replay_check import replay_section
+            from pytest_ptdbg.judge.replay_verdict import replay_section
 
             lines += ["", replay_section(self.replay).rstrip("\n")]
         lines += ["", PASS_FRACTION_NOTE]
@@ -216,7 +217,7 @@ def _suspect_lines(i: int, s: Suspect) -> List[str]:
              "negligible": ", negligible difference"}.get(s.role, "")
     out = [f"{i}. {s.api}  [{kind}; {s.direction}; {s.category}]  CSV line {s.csv_line}"]
     if s.kind != "unpaired":
-        out.append(f"   error {at.fmt_err(s.input_error)} in -> {at.fmt_err(s.output_error)} out "
+        out.append(f"   error {fmt_error(s.input_error)} in -> {fmt_error(s.output_error)} out "
                    f"({s.growth_text})" + ("  [in optimizer step]" if s.ctx else ""))
     out.append(f"   at {s.location}")
     out.append(f"   advice: {s.advice}")

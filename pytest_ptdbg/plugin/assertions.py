@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional
 
 from pytest_ptdbg.plugin.options import Settings, per_test
 from pytest_ptdbg.errors import PrecisionError
+from pytest_ptdbg.format.text import fmt_number
 
 __all__ = ["PrecisionError", "assert_precision", "evaluate", "Evaluation"]
 
@@ -234,14 +235,6 @@ def _needed(failing: Any, s: Settings) -> Dict[str, float]:
 
 # ------------------------------------------------------------------------------ messages
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float):
-        return f"{v:.6g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.3e}"
-    return str(v)
-
-
 def _suspect_line(i: int, s: Any) -> str:
     growth = s.growth if s.growth is not None and math.isfinite(s.growth) else None
     if s.kind == "unpaired":
@@ -272,20 +265,20 @@ def failure_message(ev: Evaluation, result: Any) -> str:
                      f"{first.category})")
         lines.append(f"  at {first.location}")
         if first.kind != "unpaired":
-            lines.append(f"  error {_fmt(first.input_error)} in its inputs -> "
-                         f"{_fmt(first.output_error)} in its outputs")
+            lines.append(f"  error {fmt_number(first.input_error)} in its inputs -> "
+                         f"{fmt_number(first.output_error)} in its outputs")
     else:
         lines.append("first suspect: none named by the advisor (see the CSV)")
     if ev.worst:
         w = ev.worst
-        metrics = ", ".join(f"{k}={_fmt(w[k])}" for k in ("cosine", "max_abs_err", "rel_l2")
+        metrics = ", ".join(f"{k}={fmt_number(w[k])}" for k in ("cosine", "max_abs_err", "rel_l2")
                             if w.get(k) is not None)
         lines.append(f"worst tensor: {w.get('tensor') or w['api']} ({metrics})")
     th = effective_thresholds(s)
     if th:
-        lines.append("thresholds: " + ", ".join(f"{k}={_fmt(v)}" for k, v in th.items()))
+        lines.append("thresholds: " + ", ".join(f"{k}={fmt_number(v)}" for k, v in th.items()))
     if ev.needed:
-        args = ", ".join(f"{k}={_fmt(v)}" for k, v in ev.needed.items())
+        args = ", ".join(f"{k}={fmt_number(v)}" for k, v in ev.needed.items())
         lines.append(f"would have passed with: assert_precision({args})  (or @pytest.mark.ptdbg"
                      f"({args}))")
     others = [x for x in ev.advice.suspects if x is not first and x.kind != "inherited"][:4]

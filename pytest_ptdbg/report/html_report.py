@@ -6,7 +6,6 @@ fold with ``<details>``; hovering a point shows the API (SVG ``<title>``).
 from __future__ import annotations
 
 import datetime as _dt
-import math
 from html import escape
 from typing import Dict, List, Optional, Tuple
 
@@ -16,6 +15,7 @@ import pandas as pd
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.advisor import MIN_GROWTH, PASS_FRACTION_NOTE, Advice, Suspect
 from pytest_ptdbg.advise.columns import to_bool_array, to_float_array
+from pytest_ptdbg.format.text import fmt_error, fmt_number
 from pytest_ptdbg.report import csv_report
 from pytest_ptdbg.report.outputs import write_new
 from pytest_ptdbg.report.svg_plot import Mark, PlotData, Series, error_plot
@@ -141,8 +141,8 @@ def _suspect_card(rank: int, s: Suspect) -> str:
     facts = [("where", f'<span class="mono">{escape(s.location)}</span>'),
              ("CSV line", str(s.csv_line))]
     if s.kind != "unpaired":
-        facts.insert(0, ("error", f"{escape(at.fmt_err(s.input_error))} in \u2192 "
-                                  f"<b>{escape(at.fmt_err(s.output_error))}</b> out "
+        facts.insert(0, ("error", f"{escape(fmt_error(s.input_error))} in \u2192 "
+                                  f"<b>{escape(fmt_error(s.output_error))}</b> out "
                                   f"({escape(s.growth_text)})"))
     if s.ctx:
         facts.append(("context", escape(s.ctx)))
@@ -172,9 +172,9 @@ def _replay_html(advice: Advice) -> str:
     rows = []
     for v in verdicts:
         cells = [f'<td class="name">{escape(v.api)}</td>', f"<td>{escape(v.verdict)}</td>",
-                 f'<td class="num">{escape(at.fmt_err(v.own_error))}</td>',
-                 f'<td class="num">{escape(at.fmt_err(v.observed_error))}</td>',
-                 f'<td class="num">{escape(at.fmt_err(v.oracle_error))}</td>',
+                 f'<td class="num">{escape(fmt_error(v.own_error))}</td>',
+                 f'<td class="num">{escape(fmt_error(v.observed_error))}</td>',
+                 f'<td class="num">{escape(fmt_error(v.oracle_error))}</td>',
                  f"<td>{escape(v.reason)}</td>"]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return ("<h2>Replay check</h2><p class=\"muted\">Each suspect re-run alone on the bench device "
@@ -189,19 +189,11 @@ def _replay_html(advice: Advice) -> str:
 def _inherited_row(s: Suspect) -> str:
     badge = ' <span class="badge b-sensitive">negligible</span>' if s.role == "negligible" else ""
     cells = [f'<td class="name">{escape(s.api)}{badge}</td>', f'<td class="num">{s.csv_line}</td>',
-             f'<td class="num">{escape(at.fmt_err(s.input_error))}</td>',
-             f'<td class="num">{escape(at.fmt_err(s.output_error))}</td>',
+             f'<td class="num">{escape(fmt_error(s.input_error))}</td>',
+             f'<td class="num">{escape(fmt_error(s.output_error))}</td>',
              f'<td class="num">{escape(s.growth_text)}</td>',
              f'<td class="mono">{escape(s.location)}</td>']
     return "<tr>" + "".join(cells) + "</tr>"
-
-
-def _fmt_cell(v: object) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "N/A"
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
 
 
 def _failing_rows(table: pd.DataFrame) -> str:
@@ -219,7 +211,7 @@ def _failing_rows(table: pd.DataFrame) -> str:
         for c in cols:
             v = t.at[i, c] if c in t.columns else ""
             cls = "name" if "Name" in c else ("" if c == "Err_message" else "num")
-            cells.append(f'<td class="{cls}">{escape(_fmt_cell(v))}</td>')
+            cells.append(f'<td class="{cls}">{escape(fmt_number(v))}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = (f'<p class="muted">... and {len(bad) - MAX_FAILING_ROWS} more failing rows in the CSV.</p>'
             if len(bad) > MAX_FAILING_ROWS else "")
