@@ -184,7 +184,7 @@ def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyz
         csv_path = files.write("csv", csv_text(table, stack_mode))
         advice = advise(table)
         if replay is not None:
-            from pytest_ptdbg.judge.replay_merge import run_replay_check
+            from pytest_ptdbg.advise.replay_merge import run_replay_check
 
             npu, bench, device = replay
             run_replay_check(advice, npu, bench, bench_device=device, problems=notes, say=say)

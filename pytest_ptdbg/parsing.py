@@ -7,10 +7,6 @@ from typing import Any, Dict, List, Optional, TextIO
 from pytest_ptdbg.dump import reader
 
 
-def _fmt(v: Any) -> str:
-    return "None" if v is None else str(v)
-
-
 def parse(pkl_path: str, api_prefix: str, file: Optional[TextIO] = None,
           problems: Optional[List[str]] = None) -> List[Dict[str, Any]]:
     """Print, for every API whose key starts with ``api_prefix`` (or tensor record whose name does),
@@ -44,7 +40,7 @@ def parse(pkl_path: str, api_prefix: str, file: Optional[TextIO] = None,
         for t in tensors:
             st = list(t.stats) + [None] * 4
             print(f"  [{t.name}][dtype: {t.dtype}][shape: {list(t.shape)}]"
-                  f"[max: {_fmt(st[0])}][min: {_fmt(st[1])}][mean: {_fmt(st[2])}]", file=out)
+                  f"[max: {st[0]}][min: {st[1]}][mean: {st[2]}]", file=out)
             found.append({"name": t.name, "api": api.key, "dtype": t.dtype, "shape": list(t.shape),
                           "max": st[0], "min": st[1], "mean": st[2], "l2norm": st[3], "stack": api.stack})
     if not found and not any(a.key.startswith(api_prefix) for a in dump.apis):

@@ -1,6 +1,7 @@
 """The advisor's logic on hand-built compare tables: root cause vs inherited, ranking, kinds."""
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import pytest
 
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.advisor import advise, row_errors
-from pytest_ptdbg.advise.synthetic import api, synthetic_table
+from synthetic import api, synthetic_table
 
 NOISE = 1e-6
 USER_STACK = [
@@ -243,8 +244,9 @@ def test_user_frame_skips_torch_and_tool_frames():
 
 
 def test_advisor_does_not_import_torch():
-    code = ("import sys; from pytest_ptdbg.advise.advisor import advise; "
-            "from pytest_ptdbg.advise.synthetic import synthetic_table, api; "
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
+            "from pytest_ptdbg.advise.advisor import advise; "
+            "from synthetic import synthetic_table, api; "
             "advise(synthetic_table([api('Torch_add_0_forward', [0.0], [1.0])])); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -6,7 +6,7 @@ import sys
 
 from pytest_ptdbg.advise.advisor import Advice, Suspect
 from pytest_ptdbg.judge.replay_check import ReplayVerdict
-from pytest_ptdbg.judge.replay_merge import apply_replay, clearly_inherited, targets
+from pytest_ptdbg.advise.replay_merge import apply_replay, clearly_inherited, targets
 
 
 def _s(api, kind="own", role="origin"):

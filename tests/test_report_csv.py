@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from pytest_ptdbg.advise.advisor import advise
-from pytest_ptdbg.advise.synthetic import api, synthetic_table
+from synthetic import api, synthetic_table
 from pytest_ptdbg.report import csv_report
 from pytest_ptdbg.report.advisor_text import write_advisor
 

@@ -3,7 +3,7 @@ import math
 import re
 
 from pytest_ptdbg.advise.advisor import advise
-from pytest_ptdbg.advise.synthetic import api, synthetic_table
+from synthetic import api, synthetic_table
 from pytest_ptdbg.report.html_report import api_series, render_html, write_html
 from pytest_ptdbg.report.svg_plot import Mark, PlotData, Series, error_plot
 

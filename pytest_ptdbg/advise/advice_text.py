@@ -11,6 +11,8 @@ import os
 import re
 from typing import Iterable, Optional, Sequence, Tuple
 
+from pytest_ptdbg.format.text import fmt_error, fmt_growth
+
 # ---------------------------------------------------------------------------- categories
 
 NONFINITE = "NaN/Inf first appearing"
@@ -120,40 +122,6 @@ def categorize(family: str, kind: str, ctx: str = "",
     return COMPUTATION
 
 
-# ------------------------------------------------------------------------------- numbers
-
-def fmt_err(x: Optional[float]) -> str:
-    """An error for people: ``1.2e-03``, ``0`` , ``NaN/Inf``, ``n/a``."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if math.isinf(x):
-        return "NaN/Inf"
-    if x == 0:
-        return "0"
-    return f"{x:.2e}"
-
-
-def fmt_growth(g: Optional[float], carried_nonfinite: bool = False) -> str:
-    """Growth factor for people: ``x1.2``, ``x500``, ``x1.2e4``; ``new NaN/Inf`` when infinite.
-
-    ``carried_nonfinite``: input and output both hold NaN/Inf (``carries NaN/Inf``).
-    """
-    if carried_nonfinite:
-        return "carries NaN/Inf"
-    if g is None or (isinstance(g, float) and math.isnan(g)):
-        return "n/a"
-    if math.isinf(g):
-        return "new NaN/Inf"
-    if g < 1:
-        return f"x{g:.2g}"
-    if g < 10:
-        return f"x{g:.1f}"
-    if g < 1e4:
-        return f"x{g:.0f}"
-    m, e = f"{g:.1e}".split("e")
-    return f"x{m}e{int(e)}"
-
-
 # ----------------------------------------------------------------------------------- stacks
 
 _LIB_MARKERS = (
@@ -248,28 +216,28 @@ def advice_for(category: str, kind: str, family: str, direction: str, input_erro
     what = ""
     if kind == "own" and role.startswith("latent"):
         later = role.split(":", 1)[1] if ":" in role else "a later call"
-        what = (f"{Ins} agree with the bench (error {fmt_err(input_error)}) but {outs} do not "
-                f"(error {fmt_err(output_error)}, {fmt_growth(growth)}). ")
+        what = (f"{Ins} agree with the bench (error {fmt_error(input_error)}) but {outs} do not "
+                f"(error {fmt_error(output_error)}, {fmt_growth(growth)}). ")
         if category != LOW_PRECISION:
             what += (f"Its outputs still pass the verdict, yet the error it creates here is what "
                      f"makes {later} fail later. ")
     elif kind == "own" and role == "amplifier":
-        what = (f"{Ins} already differ (error {fmt_err(input_error)}, from an earlier suspect) and "
-                f"this call amplifies that error {fmt_growth(growth)} (to {fmt_err(output_error)}): "
+        what = (f"{Ins} already differ (error {fmt_error(input_error)}, from an earlier suspect) and "
+                f"this call amplifies that error {fmt_growth(growth)} (to {fmt_error(output_error)}): "
                 "it is ill-conditioned for these inputs (cancellation, division by small values, "
                 "or an update such as Adam's first step g/|g| that turns tiny differences into "
                 "large ones). Fix the earlier suspect first. ")
     elif kind == "own" and category == DISCONTINUOUS:
-        what = (f"{Ins} agree closely with the bench (error {fmt_err(input_error)}) but {outs} "
-                f"do not (error {fmt_err(output_error)}, {fmt_growth(growth)}). ")
+        what = (f"{Ins} agree closely with the bench (error {fmt_error(input_error)}) but {outs} "
+                f"do not (error {fmt_error(output_error)}, {fmt_growth(growth)}). ")
     elif kind == "own":
         if input_error < 1e-5:
-            what = (f"{Ins} agree with the bench (error {fmt_err(input_error)}) "
-                    f"but {outs} do not (error {fmt_err(output_error)}, {fmt_growth(growth)}): "
+            what = (f"{Ins} agree with the bench (error {fmt_error(input_error)}) "
+                    f"but {outs} do not (error {fmt_error(output_error)}, {fmt_growth(growth)}): "
                     "the precision is lost inside this call. ")
         else:
-            what = (f"{Ins} differ only slightly (error {fmt_err(input_error)}), "
-                    f"{outs} much more (error {fmt_err(output_error)}, {fmt_growth(growth)}): "
+            what = (f"{Ins} differ only slightly (error {fmt_error(input_error)}), "
+                    f"{outs} much more (error {fmt_error(output_error)}, {fmt_growth(growth)}): "
                     "this call adds or strongly amplifies the error. ")
     if direction == "backward" and kind == "own" and role != "amplifier" and input_error < 1e-4:
         what += "Only its backward is wrong: the forward agrees. "
@@ -298,11 +266,11 @@ def advice_for(category: str, kind: str, family: str, direction: str, input_erro
                 "checkpoint loading.")
     if category == NEGLIGIBLE:
         if role.endswith("summary"):
-            return (f"It agrees with the bench to {fmt_err(output_error)} (of its range), yet fails "
+            return (f"It agrees with the bench to {fmt_error(output_error)} (of its range), yet fails "
                     "the rule: in a statistics-only compare a statistic near zero (e.g. the mean of "
                     "a gradient) gives a large relative difference for a tiny absolute one. Compare "
                     "full tensors, or use the dtype-aware rule; it is not a precision problem.")
-        return (f"It differs from the bench by only {fmt_err(output_error)}, about the noise the "
+        return (f"It differs from the bench by only {fmt_error(output_error)}, about the noise the "
                 "run carries, yet fails the rule: the tolerance is stricter than that noise (e.g. "
                 "float32's rtol 1.3e-6 after many ops). Loosen the tolerance for it (or ignore "
                 "it); it is not where precision is lost.")
@@ -311,8 +279,8 @@ def advice_for(category: str, kind: str, family: str, direction: str, input_erro
         if math.isinf(input_error):
             return (f"The error is inherited{src}: {ins} already hold NaN/Inf where the bench does "
                     "not, and it passes them on. Fix the root cause upstream, not this call.")
-        return (f"The error is inherited{src}: {ins} already differ by {fmt_err(input_error)} and "
-                f"{outs} differ by about as much ({fmt_err(output_error)}, {fmt_growth(growth)}). "
+        return (f"The error is inherited{src}: {ins} already differ by {fmt_error(input_error)} and "
+                f"{outs} differ by about as much ({fmt_error(output_error)}, {fmt_growth(growth)}). "
                 "Fix the root cause upstream, not this call.")
     tail = {
         OPTIMIZER: ("This is part of the optimizer step. Compare the hyper-parameters (lr, weight "

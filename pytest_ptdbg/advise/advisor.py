@@ -41,6 +41,8 @@ import numpy as np
 import pandas as pd
 
 from pytest_ptdbg.advise import advice_text as at
+from pytest_ptdbg.advise.columns import float_column, to_bool_array
+from pytest_ptdbg.format.text import fmt_error, fmt_growth
 
 #: Errors below this count as agreement when computing growth (about float32 resolution).
 NOISE_FLOOR = 1e-7
@@ -98,7 +100,7 @@ class Suspect:
     def growth_text(self) -> str:
         """``x1.2e4``, ``new NaN/Inf``, ``carries NaN/Inf``."""
         carried = math.isinf(self.input_error) and math.isinf(self.output_error)
-        return at.fmt_growth(self.growth, carried)
+        return fmt_growth(self.growth, carried)
 
     @property
     def location(self) -> str:
@@ -132,7 +134,7 @@ class Advice:
     n_unpaired: int = 0
     #: root-cause calls found (nonfinite, own, unpaired) before ``top`` cut the list
     n_root_causes: int = 0
-    #: the replay check's verdicts (``advise.replay_check.ReplayVerdict``), when it ran
+    #: the replay check's verdicts (``judge.replay_verdict.ReplayVerdict``), when it ran
     replay: List[Any] = field(default_factory=list)
 
     @property
@@ -178,14 +180,14 @@ class Advice:
             for s in inh:
                 tag = " [negligible: fails a strict rule at noise level]" if s.role == "negligible" else ""
                 lines.append(f"  - {s.api}{tag} (CSV line {s.csv_line}): input error "
-                             f"{at.fmt_err(s.input_error)}, output error "
-                             f"{at.fmt_err(s.output_error)} ({s.growth_text})"
+                             f"{fmt_error(s.input_error)}, output error "
+                             f"{fmt_error(s.output_error)} ({s.growth_text})"
                              f"  at {s.location}")
             more = self.n_inherited - len(inh)
             if more > 0:
                 lines.append(f"  ... and {more} more")
         if self.replay:
-            from pytest_ptdbg.judge.replay_check import replay_section
+            from pytest_ptdbg.judge.replay_verdict import replay_section
 
             lines += ["", replay_section(self.replay).rstrip("\n")]
         lines += ["", PASS_FRACTION_NOTE]
@@ -215,7 +217,7 @@ def _suspect_lines(i: int, s: Suspect) -> List[str]:
              "negligible": ", negligible difference"}.get(s.role, "")
     out = [f"{i}. {s.api}  [{kind}; {s.direction}; {s.category}]  CSV line {s.csv_line}"]
     if s.kind != "unpaired":
-        out.append(f"   error {at.fmt_err(s.input_error)} in -> {at.fmt_err(s.output_error)} out "
+        out.append(f"   error {fmt_error(s.input_error)} in -> {fmt_error(s.output_error)} out "
                    f"({s.growth_text})" + ("  [in optimizer step]" if s.ctx else ""))
     out.append(f"   at {s.location}")
     out.append(f"   advice: {s.advice}")
@@ -240,35 +242,23 @@ def row_errors(table: pd.DataFrame) -> np.ndarray:
         e_cos = np.clip(1.0 - cos, 0.0, None)
     else:
         e_cos = np.full(n, np.nan)
-    rel = _numbers(table, "_rel_l2")
+    rel = float_column(table, "_rel_l2")
     rel = np.where(np.isinf(rel), 1.0, np.abs(rel))  # inf: the bench is all zero, the NPU not
     with np.errstate(invalid="ignore", divide="ignore"):
         err = np.fmax(e_cos, rel)
         if "Max diff" in table.columns:  # summary compare: also the statistics, against the range
-            scale = np.fmax(np.abs(_numbers(table, "Bench max")), np.abs(_numbers(table, "Bench min")))
-            diffs = np.fmax(np.fmax(np.abs(_numbers(table, "Max diff")), np.abs(_numbers(table, "Min diff"))),
-                            np.abs(_numbers(table, "Mean diff")))
+            scale = np.fmax(np.abs(float_column(table, "Bench max")), np.abs(float_column(table, "Bench min")))
+            diffs = np.fmax(np.fmax(np.abs(float_column(table, "Max diff")), np.abs(float_column(table, "Min diff"))),
+                            np.abs(float_column(table, "Mean diff")))
             by_range = np.where(scale > 0, diffs / scale, np.where(diffs > 0, 1.0, 0.0))
             err = np.fmax(err, np.where(np.isfinite(by_range), by_range, np.nan))
-    passed = _bool(table["_passed"], True)
-    paired = _bool(table["_paired"], False)
-    nanm = _bool(table["_nan_mismatch"], False)
+    passed = to_bool_array(table["_passed"], True)
+    paired = to_bool_array(table["_paired"], False)
+    nanm = to_bool_array(table["_nan_mismatch"], False)
     missing = np.isnan(err)
     err = np.where(missing & ~passed, 1.0, np.where(missing, 0.0, err))
     err = np.where(nanm, np.inf, err)
     return np.where(paired, err, np.nan)
-
-
-def _numbers(table: pd.DataFrame, col: str) -> np.ndarray:
-    if col not in table.columns:
-        return np.full(len(table), np.nan)
-    return pd.to_numeric(table[col], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
-
-
-def _bool(col: pd.Series, default: bool) -> np.ndarray:
-    s = col.astype(object).where(col.notna(), default)
-    return np.array([bool(v) if not isinstance(v, str) else v.strip().lower() in ("true", "1", "yes")
-                     for v in s], dtype=bool)
 
 
 def _counterpart(api: str) -> Optional[str]:
@@ -318,9 +308,9 @@ def _api_views(table: pd.DataFrame, err: np.ndarray) -> List[_ApiView]:
     apis = table["_api"].astype(str).to_numpy()
     npu_names = (table["NPU Name"].fillna("").astype(str).to_numpy() if "NPU Name" in table.columns
                  else np.array(["x"] * n, dtype=object))
-    paired = _bool(table["_paired"], False)
-    passed = _bool(table["_passed"], True)
-    nanm = _bool(table["_nan_mismatch"], False)
+    paired = to_bool_array(table["_paired"], False)
+    passed = to_bool_array(table["_passed"], True)
+    nanm = to_bool_array(table["_nan_mismatch"], False)
     io = table["_io"].astype(str).to_numpy()
     fam = table["_family"].astype(str).to_numpy()
     direction = table["_direction"].astype(str).to_numpy()
@@ -410,8 +400,8 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
     table = table.reset_index(drop=True)
     err = row_errors(table)
     views = _api_views(table, err)
-    passed = _bool(table["_passed"], True)
-    paired = _bool(table["_paired"], False)
+    passed = to_bool_array(table["_passed"], True)
+    paired = to_bool_array(table["_paired"], False)
 
     nonfinite: List[_ApiView] = []
     own: List[_ApiView] = []

@@ -350,28 +350,10 @@ def compare_streams(src_n, src_b, eps: float, tol: Optional[Tuple[float, float]]
     return _finish(acc, size)
 
 
-# Single-metric helpers (thin wrappers, for tests and interactive use).
+# A single-metric helper (a thin wrapper, for tests and interactive use).
 
 def cosine(npu, bench) -> float:
     return compare_arrays(npu, bench).cosine
-
-
-def max_abs_err(npu, bench) -> float:
-    return compare_arrays(npu, bench).max_abs_err
-
-
-def max_rel_err(npu, bench, eps: Optional[float] = None) -> float:
-    return compare_arrays(npu, bench, eps=eps).max_rel_err
-
-
-def err_ratios(npu, bench, eps: Optional[float] = None) -> Tuple[float, float]:
-    """(one-thousandth, five-thousandths) pass fractions."""
-    m = compare_arrays(npu, bench, eps=eps)
-    return m.one_thousandth, m.five_thousandths
-
-
-def rel_l2(npu, bench) -> float:
-    return compare_arrays(npu, bench).rel_l2
 
 
 def _rel(a: float, b: float) -> float:
@@ -384,21 +366,22 @@ def summary_diffs(npu_stats, bench_stats) -> Tuple[float, float, float, float]:
     """Summary compare: (max, min, mean, l2norm) differences NPU − bench; NaN where unknown."""
     out = []
     for i in range(4):
-        a = _num(npu_stats, i)
-        b = _num(bench_stats, i)
+        a = stat_at(npu_stats, i)
+        b = stat_at(bench_stats, i)
         out.append(a - b if a is not None and b is not None else math.nan)
     return tuple(out)
 
 
 def summary_rel_l2(npu_stats, bench_stats) -> float:
     """Relative L2-norm difference |‖n‖ − ‖b‖| / ‖b‖ from the statistics; NaN when unknown."""
-    a, b = _num(npu_stats, 3), _num(bench_stats, 3)
+    a, b = stat_at(npu_stats, 3), stat_at(bench_stats, 3)
     if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
         return math.nan
     return _rel(a, b)
 
 
-def _num(stats, i: int) -> Optional[float]:
+def stat_at(stats, i: int) -> Optional[float]:
+    """Statistic ``i`` of ``[max, min, mean, l2norm]`` as a float; None when absent or not a number."""
     if not stats or len(stats) <= i:
         return None
     v = stats[i]

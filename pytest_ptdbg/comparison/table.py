@@ -50,14 +50,14 @@ WORKERS = 2
 
 
 def _stat(stats, i: int) -> float:
-    v = M._num(stats, i)
+    v = M.stat_at(stats, i)
     return math.nan if v is None else v
 
 
 def _nonfinite_from_stats(t: TensorRec) -> int:
     if "nan" in t.extra or "inf" in t.extra:
         return t.nonfinite
-    vals = [M._num(t.stats, i) for i in range(4)]
+    vals = [M.stat_at(t.stats, i) for i in range(4)]
     return int(any(v is not None and not math.isfinite(v) for v in vals))
 
 
@@ -209,12 +209,12 @@ def _unusable(r: dict, message: str) -> None:
 
 
 def _is_scalar(t: TensorRec) -> bool:
-    return tuple(t.shape) == () and M._num(t.stats, 0) is not None
+    return tuple(t.shape) == () and M.stat_at(t.stats, 0) is not None
 
 
 def _scalar_row(r: dict, nt: TensorRec, bt: TensorRec, rule: str, th: V.Thresholds) -> None:
     """A 0-d value without data file (a Python scalar argument): compared from its statistics."""
-    a, b = M._num(nt.stats, 0), M._num(bt.stats, 0)
+    a, b = M.stat_at(nt.stats, 0), M.stat_at(bt.stats, 0)
     tol = None
     if rule == "dtype":
         rtol, atol = V.tolerance(nt.dtype, bt.dtype, th)

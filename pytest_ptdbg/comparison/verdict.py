@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
-from pytest_ptdbg.comparison.metrics import PairMetrics, _num
+from pytest_ptdbg.comparison.metrics import PairMetrics, stat_at
 
 RULES = ("ptdbg", "dtype")
 
@@ -125,8 +125,8 @@ def summary_verdict(npu_stats: Sequence, bench_stats: Sequence, npu_nonfinite: i
     """Verdict from statistics only; returns ``(verdict, nan_mismatch)``."""
     _check_rule(rule)
     th = th or Thresholds()
-    n = [_num(npu_stats, i) for i in range(4)]
-    b = [_num(bench_stats, i) for i in range(4)]
+    n = [stat_at(npu_stats, i) for i in range(4)]
+    b = [stat_at(bench_stats, i) for i in range(4)]
     mismatch = npu_nonfinite != bench_nonfinite or any(_stat_mismatch(x, y) for x, y in zip(n, b))
     if mismatch:
         return "No", True

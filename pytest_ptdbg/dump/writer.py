@@ -544,7 +544,7 @@ def _remove_empty(rank_dir: str, pkl: str, data_dir: str) -> None:
         pass
 
 
-def _num(v: Any) -> str:
+def _json_number(v: Any) -> str:
     """A number as ``json.dumps`` writes it (NaN/Infinity included)."""
     if v is True:
         return "true"
@@ -580,7 +580,7 @@ def _body(st: TensorStats) -> str:
     vals = st.stats
     stats = str(vals)  # Python's repr of finite floats and ints is JSON's
     if "n" in stats or "T" in stats or "F" in stats:  # nan, inf, True, False
-        stats = "[" + ", ".join([_num(v) for v in vals]) + "]"
+        stats = "[" + ", ".join([_json_number(v) for v in vals]) + "]"
     body = f'"{st.dtype}", {list(st.shape)}, {stats}, {{"nan": {st.nan}, "inf": {st.inf}'
     if st.note:
         body += ', "note": ' + json.dumps(st.note)

@@ -9,7 +9,8 @@ API and parameter allows). Anything else raises :class:`ReplayRefused` before an
 
 Modules: ``allowlist`` (the table), ``arguments`` (data-only decoding), ``package`` (single-API
 reproduction packages), ``runner`` (replay one call, ``replay``), ``script`` (a standalone
-reproduction script), ``replay_check`` and ``replay_merge`` (compare's re-run of its suspects).
+reproduction script), ``replay_check`` (compare's re-run of its suspects) and ``replay_verdict``
+(what the re-run shows, in words; ``advise/replay_merge.py`` folds it into the advice).
 
 Importing this package does not import torch; public names load lazily.
 """

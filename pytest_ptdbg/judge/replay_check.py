@@ -12,9 +12,9 @@ For each suspect (an API key of the NPU dump) whose tensors were dumped in full:
 ``own_error`` = error of the NPU output against that re-run (max over output tensors of
 ``max(1 - cosine, relative L2)``, the advisor's measure). ``observed_error`` = the same between the
 NPU and bench outputs of the two runs. When the API's own error explains a good part of what was
-observed (``own_error >= OWN_SHARE * observed_error``, and above float noise) the API itself is
-imprecise on the device (``verdict="own"``); otherwise its output differs only because its inputs
-did and it passes that difference on, amplified ``amplification`` times (``"inherited"``).
+observed the API itself is imprecise on the device (``Verdict.OWN``); otherwise its output differs
+only because its inputs did and it passes that difference on, amplified ``amplification`` times
+(``Verdict.INHERITED``). What the numbers mean, and the words, are :mod:`.replay_verdict`'s.
 
 Importing this module does not import torch; running a check does (through ``replay``). The
 compare path should call it only when the dumps hold full tensors (``Dump.has_data``)::
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
@@ -36,44 +35,9 @@ from pytest_ptdbg.format import records
 from pytest_ptdbg.dump import reader
 from pytest_ptdbg.dump.npy import load_npy
 from pytest_ptdbg.errors import ReplayRefused
+from pytest_ptdbg.judge.replay_verdict import NOISE, ReplayVerdict, Verdict, decide, replay_section, verdict_prose
 
-__all__ = ["ReplayVerdict", "check_suspects", "check_apis", "replay_section", "OWN_SHARE"]
-
-#: the API's error on identical inputs must be at least this share of the observed error to be "own"
-OWN_SHARE = 0.3
-#: an inherited error grown at least this much is called amplified
-AMPLIFIES = 4.0
-#: errors below this are float32 noise
-NOISE = 1e-6
-
-
-@dataclass
-class ReplayVerdict:
-    """Result of re-running one suspect from the device's own inputs."""
-
-    api: str
-    verdict: str                          # "own" | "inherited" | "unknown"
-    reason: str
-    own_error: float = math.nan           # NPU output vs the bench re-run from the NPU's inputs
-    observed_error: float = math.nan      # NPU output vs bench output of the two runs
-    input_error: float = math.nan         # NPU inputs vs bench inputs of the two runs
-    oracle_error: float = math.nan        # NPU output vs float64 re-run from the NPU's inputs
-    bench_oracle_error: float = math.nan  # bench re-run vs that float64 re-run
-    amplification: float = math.nan       # observed_error / input_error
-    device: str = "cpu"
-    used_bench_call: bool = False
-    per_tensor: Dict[str, Dict[str, float]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        for k, v in list(d.items()):
-            if isinstance(v, float) and not math.isfinite(v):
-                d[k] = None
-        return d
-
-    def text(self) -> str:
-        """One paragraph in plain English."""
-        return f"{self.api}: {self.verdict.upper()} - {self.reason}"
+__all__ = ["ReplayVerdict", "Verdict", "check_suspects", "check_apis", "replay_section"]
 
 
 # ------------------------------------------------------------------------------------- errors
@@ -88,16 +52,6 @@ def _err(a: np.ndarray, b: np.ndarray, a_dtype: str, b_dtype: str) -> float:
         return math.inf
     vals = [v for v in (1.0 - m.cosine if not math.isnan(m.cosine) else math.nan, m.rel_l2) if not math.isnan(v)]
     return max(vals) if vals else 0.0
-
-
-def fmt_error(x: Optional[float], inf_text: str = "inf (NaN/Inf differ)") -> str:
-    """An error for the advice text: ``1.23e-04``, ``n/a`` when unknown, ``inf_text`` when infinite."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if math.isinf(x):
-        return inf_text
-    return f"{x:.2e}"
-
 
 
 # ------------------------------------------------------------------------------------- packages
@@ -166,7 +120,7 @@ def check_apis(apis: Sequence[str], npu_dump: Union[str, reader.Dump], bench_dum
     ``npu_dump``/``bench_dump``: dump folders or files (anything ``dump.reader.read_dump`` takes) or
     read dumps. ``observed``/``input_errors``: the compare stage's errors per API key (computed
     from the bench dump's tensors when missing). ``bench_names``: NPU key -> bench key when the
-    pairing renamed a call. An API that cannot be re-run gets ``verdict="unknown"`` and the reason.
+    pairing renamed a call. An API that cannot be re-run gets ``Verdict.UNKNOWN`` and the reason.
     """
     npu = reader.read_dump(npu_dump) if isinstance(npu_dump, (str, bytes)) or hasattr(npu_dump, "__fspath__") else npu_dump
     bench = None
@@ -180,9 +134,9 @@ def check_apis(apis: Sequence[str], npu_dump: Union[str, reader.Dump], bench_dum
             out.append(_check_one(api, n_idx, b_idx, bench_device, oracle, (observed or {}).get(api),
                                   (input_errors or {}).get(api), (bench_names or {}).get(api, api)))
         except ReplayRefused as exc:  # the judge refused it before any call: the others go on
-            out.append(ReplayVerdict(api, "unknown", f"not replayed: {exc}", device=bench_device))
+            out.append(ReplayVerdict(api, Verdict.UNKNOWN, f"not replayed: {exc}", device=bench_device))
         except (LookupError, ValueError, FileNotFoundError, RuntimeError) as exc:
-            out.append(ReplayVerdict(api, "unknown", f"could not re-run it: {exc}", device=bench_device))
+            out.append(ReplayVerdict(api, Verdict.UNKNOWN, f"could not re-run it: {exc}", device=bench_device))
     return out
 
 
@@ -254,8 +208,10 @@ def _check_one(api: str, n_idx: Dict[str, reader.ApiRec], b_idx: Dict[str, reade
         input_error = _pair_error(npu_pkg, b_rec, ins)
     amp = observed / max(input_error, NOISE) if not math.isnan(observed) and not math.isnan(input_error) else math.nan
 
-    v = ReplayVerdict(api, "", "", own, observed, input_error, o_err, bo_err, amp, device, used_bench, per)
-    _decide(v)
+    v = ReplayVerdict(api, Verdict.UNKNOWN, "", own, observed, input_error, o_err, bo_err, amp, device,
+                      used_bench, per)
+    v.verdict = decide(v)
+    v.reason = verdict_prose(v)
     return v
 
 
@@ -271,41 +227,6 @@ def _pair_error(npu_pkg: Any, b_rec: Dict[str, reader.TensorRec], keys: Iterable
     return worst
 
 
-def _decide(v: ReplayVerdict) -> None:
-    own, obs = v.own_error, v.observed_error
-    where = f"re-run on {v.device} from the device's own inputs"
-    if v.used_bench_call:
-        where += " with the bench's arguments"
-    oracle = ""
-    if not math.isnan(v.oracle_error):
-        oracle = (f" Against a float64 oracle on the same inputs the device's result is off by "
-                  f"{fmt_error(v.oracle_error)}, the bench's by {fmt_error(v.bench_oracle_error)}.")
-    if math.isinf(own):
-        v.verdict = "own"
-        v.reason = (f"{where}, the bench gets no NaN/Inf where the device did (or the other way round): "
-                    f"the API itself produces them on the device.{oracle}")
-        return
-    big = own > NOISE and (math.isnan(obs) or own >= OWN_SHARE * obs)
-    if big:
-        v.verdict = "own"
-        share = f" ({own / obs:.0%} of the {fmt_error(obs)} observed between the runs)" if obs and not math.isnan(obs) and obs > 0 else ""
-        v.reason = (f"{where}, the result still differs from the device's by {fmt_error(own)}{share}: "
-                    f"the API itself is imprecise on the device, not merely its inputs.{oracle}")
-    else:
-        v.verdict = "inherited"
-        amp = v.amplification
-        if not math.isnan(amp) and amp >= AMPLIFIES:
-            how = (f"it amplifies the {fmt_error(v.input_error)} difference of its inputs about {amp:.3g} times "
-                   f"(an op badly conditioned for these inputs)")
-        elif not math.isnan(amp):
-            how = f"it passes on the {fmt_error(v.input_error)} difference of its inputs"
-        else:
-            how = "it passes on a difference of its inputs"
-        v.reason = (f"{where}, the bench computes the device's result to within {fmt_error(own)}: the API "
-                    f"is accurate here; the {fmt_error(obs)} difference between the runs is inherited, "
-                    f"{how}. Look upstream.{oracle}")
-
-
 def check_suspects(advice: Any, npu_dump_dir: Union[str, reader.Dump], bench_dump_dir: Union[str, reader.Dump, None] = None,
                    bench_device: str = "cpu", top: int = 3, oracle: bool = True) -> List[ReplayVerdict]:
     """Replay check of the advisor's top suspects (``Advice.suspects``, kinds own/nonfinite/inherited).
@@ -318,13 +239,3 @@ def check_suspects(advice: Any, npu_dump_dir: Union[str, reader.Dump], bench_dum
     observed = {s.api: float(s.output_error) for s in sus if s.output_error is not None}
     inputs = {s.api: float(s.input_error) for s in sus if s.input_error is not None}
     return check_apis(apis, npu_dump_dir, bench_dump_dir, bench_device, oracle, observed, inputs)
-
-
-def replay_section(verdicts: Sequence[ReplayVerdict]) -> str:
-    """Text block for the advisor file: one line per re-run suspect."""
-    if not verdicts:
-        return ""
-    lines = ["Replay check (each suspect re-run alone from the device's own inputs):"]
-    for v in verdicts:
-        lines.append(f"  - {v.text()}")
-    return "\n".join(lines) + "\n"

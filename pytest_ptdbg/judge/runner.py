@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from pytest_ptdbg.errors import ReplayRefused
+from pytest_ptdbg.format.text import fmt_number
 from pytest_ptdbg.judge import package as pkgmod
 from pytest_ptdbg.judge.package import Package
 from pytest_ptdbg.errors import ReplayError
@@ -293,20 +294,14 @@ class ReplayResult:
         lines = [head, f"{'tensor':<22} {'dtype':<15} {'cosine':>10} {'max abs err':>12} "
                        f"{'max rel err':>12} {'rel L2':>10}  ok"]
         for c in self.checks:
-            lines.append(f"{c.key:<22} {c.dtype:<15} {_fmt(c.cosine):>10} {_fmt(c.max_abs_err):>12} "
-                         f"{_fmt(c.max_rel_err):>12} {_fmt(c.rel_l2):>10}  {'yes' if c.passed else 'NO'}"
+            lines.append(f"{c.key:<22} {c.dtype:<15} {fmt_number(c.cosine):>10} {fmt_number(c.max_abs_err):>12} "
+                         f"{fmt_number(c.max_rel_err):>12} {fmt_number(c.rel_l2):>10}  {'yes' if c.passed else 'NO'}"
                          + (f"  {c.message}" if c.message else ""))
         return "\n".join(lines)
 
 
 def _nan_low(x: float) -> float:
     return -1.0 if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
-
-
-def _fmt(x: float) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "nan"
-    return f"{x:.6g}"
 
 
 def compare_tensor(key: str, expected: np.ndarray, expected_dtype: str, actual: Any,

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional
 
 from pytest_ptdbg.plugin.options import Settings, per_test
 from pytest_ptdbg.errors import PrecisionError
+from pytest_ptdbg.format.text import fmt_number
 
 __all__ = ["PrecisionError", "assert_precision", "evaluate", "Evaluation"]
 
@@ -42,7 +43,7 @@ class Evaluation:
         return self.advice.first
 
 
-def _num(value: Any) -> float:
+def _to_float(value: Any) -> float:
     try:
         out = float(value)
     except (TypeError, ValueError):
@@ -166,7 +167,7 @@ def _worst(table: Any, considered: Any) -> Optional[Dict[str, Any]]:
     out: Dict[str, Any] = {"api": str(row["_api"]), "tensor": str(row.get("NPU Name", ""))}
     for col, key in (("Cosine", "cosine"), ("MaxAbsErr", "max_abs_err"), ("_rel_l2", "rel_l2")):
         if col in table.columns:
-            v = _num(row[col])
+            v = _to_float(row[col])
             out[key] = None if math.isnan(v) else v
     return out
 
@@ -174,7 +175,7 @@ def _worst(table: Any, considered: Any) -> Optional[Dict[str, Any]]:
 def _col(table: Any, name: str) -> List[float]:
     if name not in table.columns:
         return []
-    return [_num(v) for v in table[name]]
+    return [_to_float(v) for v in table[name]]
 
 
 def _max(values: List[float]) -> Optional[float]:
@@ -187,8 +188,8 @@ def _stat_rel(failing: Any, scale_by_range: bool) -> List[float]:
     out = []
     stats = ("max", "min", "mean", "l2norm")
     for _, row in failing.iterrows():
-        n = [_num(row.get(f"NPU {k}")) for k in stats]
-        b = [_num(row.get(f"Bench {k}")) for k in stats]
+        n = [_to_float(row.get(f"NPU {k}")) for k in stats]
+        b = [_to_float(row.get(f"Bench {k}")) for k in stats]
         span = max((abs(v) for v in b[:2] if math.isfinite(v)), default=0.0)
         worst = math.nan
         for k, (x, y) in enumerate(zip(n, b)):
@@ -241,14 +242,6 @@ def _needed(failing: Any, s: Settings) -> Dict[str, float]:
 
 # ------------------------------------------------------------------------------ messages
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float):
-        return f"{v:.6g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.3e}"
-    return str(v)
-
-
 def _suspect_line(i: int, s: Any) -> str:
     growth = s.growth if s.growth is not None and math.isfinite(s.growth) else None
     if s.kind == "unpaired":
@@ -282,20 +275,20 @@ def failure_message(ev: Evaluation, result: Any) -> str:
                      f"{first.category})")
         lines.append(f"  at {first.location}")
         if first.kind != "unpaired":
-            lines.append(f"  error {_fmt(first.input_error)} in its inputs -> "
-                         f"{_fmt(first.output_error)} in its outputs")
+            lines.append(f"  error {fmt_number(first.input_error)} in its inputs -> "
+                         f"{fmt_number(first.output_error)} in its outputs")
     else:
         lines.append("first suspect: none named by the advisor (see the CSV)")
     if ev.worst:
         w = ev.worst
-        metrics = ", ".join(f"{k}={_fmt(w[k])}" for k in ("cosine", "max_abs_err", "rel_l2")
+        metrics = ", ".join(f"{k}={fmt_number(w[k])}" for k in ("cosine", "max_abs_err", "rel_l2")
                             if w.get(k) is not None)
         lines.append(f"worst tensor: {w.get('tensor') or w['api']} ({metrics})")
     th = effective_thresholds(s)
     if th:
-        lines.append("thresholds: " + ", ".join(f"{k}={_fmt(v)}" for k, v in th.items()))
+        lines.append("thresholds: " + ", ".join(f"{k}={fmt_number(v)}" for k, v in th.items()))
     if ev.needed:
-        args = ", ".join(f"{k}={_fmt(v)}" for k, v in ev.needed.items())
+        args = ", ".join(f"{k}={fmt_number(v)}" for k, v in ev.needed.items())
         lines.append(f"would have passed with: assert_precision({args})  (or @pytest.mark.ptdbg"
                      f"({args}))")
     others = [x for x in ev.advice.suspects if x is not first and x.kind != "inherited"][:4]

@@ -59,7 +59,7 @@ def advise_table(table: Any, previous: Any = None) -> Any:
     advice = advise(table)
     verdicts = getattr(previous, "replay", None)
     if verdicts:
-        from pytest_ptdbg.judge.replay_merge import apply_replay
+        from pytest_ptdbg.advise.replay_merge import apply_replay
 
         apply_replay(advice, verdicts)
     return advice

@@ -9,21 +9,14 @@ from __future__ import annotations
 import datetime
 import html
 import json
-import math
 import os
 from typing import Any, Dict, List, Optional
+
+from pytest_ptdbg.format.text import fmt_number
 
 SUMMARY_NAME = "ptdbg_summary.json"
 INDEX_NAME = "index.html"
 REPORT_ATTR = "ptdbg_entries"
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        return f"{value:.4g}"
-    return str(value)
 
 
 def entry_line(entry: Dict[str, Any]) -> str:
@@ -42,7 +35,7 @@ def entry_line(entry: Dict[str, Any]) -> str:
         parts.append(f"[test {outcome}]")
     worst = entry.get("worst")
     if worst:
-        metrics = " ".join(f"{k}={_fmt(worst[k])}" for k in ("cosine", "max_abs_err", "rel_l2")
+        metrics = " ".join(f"{k}={fmt_number(worst[k], digits=4)}" for k in ("cosine", "max_abs_err", "rel_l2")
                            if worst.get(k) is not None)
         parts.append(f"worst: {worst.get('tensor') or worst.get('api')} {metrics}".rstrip())
     elif verdict in ("passed", "failed"):

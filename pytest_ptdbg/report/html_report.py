@@ -6,7 +6,6 @@ fold with ``<details>``; hovering a point shows the API (SVG ``<title>``).
 from __future__ import annotations
 
 import datetime as _dt
-import math
 from html import escape
 from typing import Dict, List, Optional, Tuple
 
@@ -14,7 +13,9 @@ import numpy as np
 import pandas as pd
 
 from pytest_ptdbg.advise import advice_text as at
-from pytest_ptdbg.advise.advisor import MIN_GROWTH, PASS_FRACTION_NOTE, Advice, Suspect, _bool
+from pytest_ptdbg.advise.advisor import MIN_GROWTH, PASS_FRACTION_NOTE, Advice, Suspect
+from pytest_ptdbg.advise.columns import to_bool_array, to_float_array
+from pytest_ptdbg.format.text import fmt_error, fmt_number
 from pytest_ptdbg.report import csv_report
 from pytest_ptdbg.report.outputs import write_new
 from pytest_ptdbg.report.svg_plot import Mark, PlotData, Series, error_plot
@@ -67,10 +68,6 @@ footer{margin-top:30px;color:var(--muted);font-size:12px}
 """
 
 
-def _num(col: pd.Series) -> np.ndarray:
-    return pd.to_numeric(col, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
-
-
 def api_series(table: pd.DataFrame, direction: str, optimizer: Optional[bool] = None
                ) -> Tuple[List[str], np.ndarray, np.ndarray, np.ndarray]:
     """Per API of ``direction`` (NPU side, execution order): names, 1-cosine, relative error, failing.
@@ -86,20 +83,20 @@ def api_series(table: pd.DataFrame, direction: str, optimizer: Optional[bool] = 
         sel = sel & (in_opt if optimizer else ~in_opt)
     if "NPU Name" in t.columns:
         npu = t["NPU Name"].fillna("").astype(str).str.len().to_numpy() > 0
-        sel = sel & (npu | _bool(t["_paired"], False))
+        sel = sel & (npu | to_bool_array(t["_paired"], False))
     t = t.loc[sel]
     if t.empty:
         return [], np.array([]), np.array([]), np.array([], dtype=bool)
-    paired = _bool(t["_paired"], False)
+    paired = to_bool_array(t["_paired"], False)
     out = (t["_io"].astype(str) == "output").to_numpy() & paired
-    cos = _num(t["Cosine"]) if "Cosine" in t.columns else np.full(len(t), np.nan)
+    cos = to_float_array(t["Cosine"]) if "Cosine" in t.columns else np.full(len(t), np.nan)
     one_minus = np.clip(1.0 - cos, 0.0, None)
     one_minus = np.where(out, np.where(one_minus < 1e-15, 0.0, one_minus), np.nan)  # float64 ulps
-    rel = np.where(out, np.abs(_num(t["_rel_l2"])), np.nan)
-    nanm = _bool(t["_nan_mismatch"], False) & out
+    rel = np.where(out, np.abs(to_float_array(t["_rel_l2"])), np.nan)
+    nanm = to_bool_array(t["_nan_mismatch"], False) & out
     one_minus = np.where(nanm, np.inf, one_minus)
     rel = np.where(nanm, np.inf, rel)
-    fail = out & ~_bool(t["_passed"], True)
+    fail = out & ~to_bool_array(t["_passed"], True)
     frame = pd.DataFrame({"api": t["_api"].astype(str).to_numpy(),
                           "order": pd.to_numeric(t["_order"], errors="coerce").to_numpy(),
                           "c": one_minus, "r": rel, "f": fail})
@@ -144,8 +141,8 @@ def _suspect_card(rank: int, s: Suspect) -> str:
     facts = [("where", f'<span class="mono">{escape(s.location)}</span>'),
              ("CSV line", str(s.csv_line))]
     if s.kind != "unpaired":
-        facts.insert(0, ("error", f"{escape(at.fmt_err(s.input_error))} in \u2192 "
-                                  f"<b>{escape(at.fmt_err(s.output_error))}</b> out "
+        facts.insert(0, ("error", f"{escape(fmt_error(s.input_error))} in \u2192 "
+                                  f"<b>{escape(fmt_error(s.output_error))}</b> out "
                                   f"({escape(s.growth_text)})"))
     if s.ctx:
         facts.append(("context", escape(s.ctx)))
@@ -175,9 +172,9 @@ def _replay_html(advice: Advice) -> str:
     rows = []
     for v in verdicts:
         cells = [f'<td class="name">{escape(v.api)}</td>', f"<td>{escape(v.verdict)}</td>",
-                 f'<td class="num">{escape(at.fmt_err(v.own_error))}</td>',
-                 f'<td class="num">{escape(at.fmt_err(v.observed_error))}</td>',
-                 f'<td class="num">{escape(at.fmt_err(v.oracle_error))}</td>',
+                 f'<td class="num">{escape(fmt_error(v.own_error))}</td>',
+                 f'<td class="num">{escape(fmt_error(v.observed_error))}</td>',
+                 f'<td class="num">{escape(fmt_error(v.oracle_error))}</td>',
                  f"<td>{escape(v.reason)}</td>"]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return ("<h2>Replay check</h2><p class=\"muted\">Each suspect re-run alone on the bench device "
@@ -192,24 +189,16 @@ def _replay_html(advice: Advice) -> str:
 def _inherited_row(s: Suspect) -> str:
     badge = ' <span class="badge b-sensitive">negligible</span>' if s.role == "negligible" else ""
     cells = [f'<td class="name">{escape(s.api)}{badge}</td>', f'<td class="num">{s.csv_line}</td>',
-             f'<td class="num">{escape(at.fmt_err(s.input_error))}</td>',
-             f'<td class="num">{escape(at.fmt_err(s.output_error))}</td>',
+             f'<td class="num">{escape(fmt_error(s.input_error))}</td>',
+             f'<td class="num">{escape(fmt_error(s.output_error))}</td>',
              f'<td class="num">{escape(s.growth_text)}</td>',
              f'<td class="mono">{escape(s.location)}</td>']
     return "<tr>" + "".join(cells) + "</tr>"
 
 
-def _fmt_cell(v: object) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "N/A"
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
-
-
 def _failing_rows(table: pd.DataFrame) -> str:
     t = table.reset_index(drop=True)
-    bad = np.flatnonzero(_bool(t["_paired"], False) & ~_bool(t["_passed"], True))
+    bad = np.flatnonzero(to_bool_array(t["_paired"], False) & ~to_bool_array(t["_passed"], True))
     if len(bad) == 0:
         return '<p class="muted">No row fails.</p>'
     metric = (csv_report.SUMMARY_COLUMNS if csv_report.is_summary(t) else csv_report.METRIC_COLUMNS)
@@ -222,7 +211,7 @@ def _failing_rows(table: pd.DataFrame) -> str:
         for c in cols:
             v = t.at[i, c] if c in t.columns else ""
             cls = "name" if "Name" in c else ("" if c == "Err_message" else "num")
-            cells.append(f'<td class="{cls}">{escape(_fmt_cell(v))}</td>')
+            cells.append(f'<td class="{cls}">{escape(fmt_number(v))}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = (f'<p class="muted">... and {len(bad) - MAX_FAILING_ROWS} more failing rows in the CSV.</p>'
             if len(bad) > MAX_FAILING_ROWS else "")

@@ -1,28 +1,29 @@
-"""Fold the replay check (``advise/replay_check.py``) into the advisor's findings. No torch here.
+"""Fold the replay check (:mod:`.replay_check`) into the advisor's findings. No torch here.
 
 The compare stage calls :func:`run_replay_check` after ``advise()`` when both dumps hold full
 tensors. Each of the top root-cause suspects (kinds ``own`` and ``nonfinite``) is re-run alone
 on the bench device from the device-under-test's own inputs; then :func:`apply_replay`
 
-* adds the verdict to the suspect's advice in plain English ("the API itself is imprecise on
-  identical inputs" / "the error is inherited, amplified ... times: look upstream");
+* adds the verdict to the suspect's advice in plain English (:func:`.replay_verdict.verdict_prose`);
 * demotes an ``own`` suspect that the re-run clearly shows to be accurate (its error on identical
   inputs is a small share of the observed one and the device's result agrees with a float64
-  oracle) below the other root causes, with role ``amplifier``;
+  oracle: :func:`.replay_verdict.clearly_inherited`) below the other root causes, with role
+  ``amplifier``;
 * keeps the verdicts on ``Advice.replay`` (the advisor text and the HTML report show them).
 """
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
-from pytest_ptdbg.judge.replay_check import fmt_error
+from pytest_ptdbg.judge.replay_verdict import ReplayVerdict, Verdict, clearly_inherited, verdict_prose
+
+if TYPE_CHECKING:
+    from pytest_ptdbg.dump.reader import Dump
+
+__all__ = ["TOP", "targets", "run_replay_check", "apply_replay", "replay_note", "clearly_inherited"]
 
 #: suspects re-run by default
 TOP = 3
-#: an "inherited" verdict is clear when the API's error on identical inputs is below this share
-#: of the observed error (and the device agrees with the float64 oracle as well)
-CLEAR_SHARE = 0.1
 
 
 def targets(advice: Any, top: int = TOP) -> List[Any]:
@@ -30,7 +31,7 @@ def targets(advice: Any, top: int = TOP) -> List[Any]:
     return [s for s in advice.suspects if s.kind in ("own", "nonfinite")][:top]
 
 
-def _has_call_spec(dump: Any, api: str) -> bool:
+def _has_call_spec(dump: "Dump", api: str) -> bool:
     """Whether ``dump`` recorded the call (arguments) of ``api``'s forward: needed to re-run it."""
     from pytest_ptdbg.format import records
 
@@ -45,9 +46,9 @@ def _has_call_spec(dump: Any, api: str) -> bool:
     return False
 
 
-def run_replay_check(advice: Any, npu_dump: Any, bench_dump: Any, bench_device: str = "cpu",
+def run_replay_check(advice: Any, npu_dump: "Dump", bench_dump: "Dump", bench_device: str = "cpu",
                      top: int = TOP, problems: Optional[List[str]] = None,
-                     say: Optional[Callable[[str], None]] = None) -> list:
+                     say: Optional[Callable[[str], None]] = None) -> List[ReplayVerdict]:
     """Re-run the top suspects (see the module docstring), fold the verdicts into ``advice``.
 
     ``npu_dump``/``bench_dump``: read dumps (``dump.reader.Dump``) with tensor data. Returns the
@@ -82,52 +83,14 @@ def run_replay_check(advice: Any, npu_dump: Any, bench_dump: Any, bench_device: 
     return verdicts
 
 
-def _e(x: float) -> str:
-    return fmt_error(x, inf_text="NaN/Inf")
+def replay_note(v: ReplayVerdict) -> str:
+    """The sentence the replay check adds in front of a suspect's advice."""
+    if v.verdict == Verdict.UNKNOWN:
+        return f"Replay check: not conclusive ({v.reason})."
+    return f"Replay check: {verdict_prose(v)}"
 
 
-def clearly_inherited(v: Any) -> bool:
-    """An ``inherited`` verdict the evidence leaves no doubt about (see the module docstring)."""
-    if v.verdict != "inherited":
-        return False
-    obs, own, orc = v.observed_error, v.own_error, v.oracle_error
-    if math.isnan(obs) or math.isnan(own) or obs <= 0:
-        return False
-    if own > CLEAR_SHARE * obs:
-        return False
-    return math.isnan(orc) or orc <= CLEAR_SHARE * obs
-
-
-def replay_note(v: Any) -> str:
-    """One or two sentences for the suspect's advice."""
-    where = f"re-run alone on {v.device} from the device's own inputs"
-    if v.used_bench_call:
-        where += " (with the bench's arguments)"
-    if v.verdict == "own":
-        if math.isinf(v.own_error):
-            return (f"Replay check: {where}, the bench gets no NaN/Inf where the device did (or the "
-                    "other way round): the API itself is imprecise on identical inputs.")
-        share = ""
-        if v.observed_error and not math.isnan(v.observed_error) and v.observed_error > 0:
-            share = f", {min(v.own_error / v.observed_error, 9.99):.0%} of the {_e(v.observed_error)} observed"
-        return (f"Replay check: {where}, the result still differs from the device's by "
-                f"{_e(v.own_error)}{share}: the API itself is imprecise on identical inputs.")
-    if v.verdict == "inherited":
-        amp = v.amplification
-        if not math.isnan(amp) and amp > 1.5:
-            how = (f"inherited and amplified about {amp:.3g} times from the {_e(v.input_error)} "
-                   "difference of its inputs (the op is badly conditioned for these inputs)")
-        else:
-            how = "inherited from its inputs"
-        orc = "" if math.isnan(v.oracle_error) else \
-            f" The device's result is within {_e(v.oracle_error)} of a float64 oracle on the same inputs."
-        return (f"Replay check: {where}, the bench reproduces the device's output to within "
-                f"{_e(v.own_error)}: the API is accurate on identical inputs; the {_e(v.observed_error)} "
-                f"error between the runs is {how}. Look upstream.{orc}")
-    return f"Replay check: not conclusive ({v.reason})."
-
-
-def apply_replay(advice: Any, verdicts: Sequence[Any]) -> None:
+def apply_replay(advice: Any, verdicts: Sequence[ReplayVerdict]) -> None:
     """Annotate and re-rank ``advice`` (in place) with replay verdicts; see the module docstring."""
     advice.replay = list(verdicts)
     by_api = {v.api: v for v in verdicts}

@@ -1,4 +1,4 @@
-"""Hand-built compare tables (the docs/DESIGN.md contract) for tests, demos and report previews.
+"""Hand-built compare tables (the docs/DESIGN.md contract) for the advisor and report tests.
 
 ``synthetic_table([api(...), ...])`` builds one row per tensor with ptdbg's columns and the
 underscore columns, from per-tensor relative errors. No torch.
