@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from pytest_ptdbg import PrecisionDebugger
+from pytest_ptdbg.format import records
 
 from benchmarks.faults import archs
 
@@ -45,11 +46,11 @@ DEVICES = {d.name: d for d in [
 
 
 def pkl_path(dump: str) -> str:
-    return os.path.join(dump, "ptdbg_dump_v4.0", "step0", "rank0", "api_stack_dump.pkl")
+    return records.pkl_path(dump)
 
 
 def data_dir(dump: str) -> str:
-    return os.path.join(dump, "ptdbg_dump_v4.0", "step0", "rank0", "api_stack_dump")
+    return records.data_path(dump)
 
 
 def _add_noise(model: torch.nn.Module, noise: float) -> None:

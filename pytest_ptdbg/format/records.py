@@ -150,17 +150,31 @@ def safe_data_path(data_dir: str, key: str) -> str:
     return path
 
 
-def step_dir(dump_path: str, step: int) -> str:
+def step_dir(dump_path: str, step: int = 0) -> str:
+    """``{dump_path}/ptdbg_dump_v4.0/step{step}``."""
     return os.path.join(dump_path, DUMP_DIR_NAME, f"step{step}")
 
 
-def rank_dir(dump_path: str, step: int, rank: int) -> str:
+def rank_dir(dump_path: str, step: int = 0, rank: int = 0) -> str:
+    """``{dump_path}/ptdbg_dump_v4.0/step{step}/rank{rank}``."""
     return os.path.join(step_dir(dump_path, step), f"rank{rank}")
 
 
 def pkl_name(mode: str) -> str:
+    """``{mode}_dump.pkl``."""
     return f"{mode}_dump.pkl"
 
 
 def data_dir_name(mode: str) -> str:
+    """``{mode}_dump`` (the folder of the ``.npy`` files)."""
     return f"{mode}_dump"
+
+
+def pkl_path(dump_path: str, step: int = 0, rank: int = 0, mode: str = "api_stack") -> str:
+    """``{rank_dir}/{mode}_dump.pkl`` of one step and rank of a dump_path."""
+    return os.path.join(rank_dir(dump_path, step, rank), pkl_name(mode))
+
+
+def data_path(dump_path: str, step: int = 0, rank: int = 0, mode: str = "api_stack") -> str:
+    """``{rank_dir}/{mode}_dump``: the ``.npy`` folder of one step and rank of a dump_path."""
+    return os.path.join(rank_dir(dump_path, step, rank), data_dir_name(mode))

@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+from locations import TESTS_DIR
+
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.advisor import advise, row_errors
 from synthetic import api, synthetic_table
@@ -244,7 +246,7 @@ def test_user_frame_skips_torch_and_tool_frames():
 
 
 def test_advisor_does_not_import_torch():
-    code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
+    code = (f"import sys; sys.path.insert(0, {TESTS_DIR!r}); "
             "from pytest_ptdbg.advise.advisor import advise; "
             "from synthetic import synthetic_table, api; "
             "advise(synthetic_table([api('Torch_add_0_forward', [0.0], [1.0])])); "

@@ -8,6 +8,8 @@ from pytest_ptdbg.advise.advisor import Advice, Suspect
 from pytest_ptdbg.judge.replay_check import ReplayVerdict
 from pytest_ptdbg.advise.replay_merge import apply_replay, clearly_inherited, targets
 
+from locations import TESTS_DIR
+
 
 def _s(api, kind="own", role="origin"):
     return Suspect(api=api, direction="forward", kind=kind, csv_line=2, stack=None, input_error=1e-7,
@@ -65,7 +67,7 @@ def test_dumps_without_recorded_calls_skip_the_check_without_torch(tmp_path):
             "assert not r.summary_compare and r.advice.root_causes and r.advice.replay == []; "
             "assert any('replay check skipped' in p for p in r.notes), r.notes; "
             "assert 'torch' not in sys.modules, 'torch imported'")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        cwd=str(tmp_path), env=env)
     assert p.returncode == 0, p.stderr

@@ -13,9 +13,11 @@ import sys
 
 import pytest
 
+from locations import REPO_ROOT
+
 torch = pytest.importorskip("torch")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 if ROOT not in sys.path:  # ``benchmarks`` is imported from the repository root
     sys.path.insert(0, ROOT)
 

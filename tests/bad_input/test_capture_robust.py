@@ -16,6 +16,8 @@ import warnings
 
 import numpy as np
 import pytest
+
+from locations import REPO_ROOT
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -24,7 +26,7 @@ import example_models as em
 from pytest_ptdbg import PrecisionDebugger, seed_all
 from pytest_ptdbg.capture.sink import Sink
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = REPO_ROOT
 MODES = {"stats": True, "full": False}  # name -> summary_only
 
 

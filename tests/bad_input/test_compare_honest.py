@@ -14,6 +14,8 @@ import sys
 
 import numpy as np
 import pytest
+
+from locations import REPO_ROOT
 import torch
 
 import example_models as em
@@ -22,7 +24,7 @@ from pytest_ptdbg.plugin.assertions import evaluate
 from pytest_ptdbg.format import records
 from pytest_ptdbg.format.manifest import write_manifest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = REPO_ROOT
 #: an output of the model's last layer (fc3) and its file
 LAST = "Functional_linear_2_forward_output.0"
 RELU = "Torch_relu_0_forward_output.0"

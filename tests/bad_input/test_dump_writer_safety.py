@@ -15,6 +15,8 @@ import warnings
 
 import numpy as np
 import pytest
+
+from locations import REPO_ROOT
 import torch
 
 from example_models import mlp
@@ -22,7 +24,7 @@ from pytest_ptdbg import PrecisionDebugger
 from pytest_ptdbg.format import records
 from pytest_ptdbg.format.manifest import judge_completeness, manifest_path, read_manifest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = REPO_ROOT
 STEPS = 3
 
 

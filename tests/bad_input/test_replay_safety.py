@@ -24,6 +24,8 @@ import sys
 
 import numpy as np
 import pytest
+
+from locations import REPO_ROOT
 import torch
 
 from example_models.models import mlp, train_step
@@ -244,7 +246,7 @@ def _attack(path: str, tmp_path, base, family: str, spec: dict) -> str:
 
 def _env() -> dict:
     env = dict(os.environ)
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    here = REPO_ROOT
     env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
     return env
 

@@ -12,6 +12,7 @@ from pytest_ptdbg.comparison.table import FULL_COLUMNS, SUMMARY_COLUMNS
 from pytest_ptdbg.format import records
 
 import dumps
+from locations import DATA_DIR
 
 CSV_FULL = FULL_COLUMNS
 CSV_SUMMARY = SUMMARY_COLUMNS
@@ -188,7 +189,7 @@ def test_progress_log_is_printed(tmp_path, capsys):
     assert "full compare" in out and "tensor pairs" in out and "Suspect Nodes" in out
 
 
-MSPROBE = os.path.join(os.path.dirname(__file__), "data", "msprobe")
+MSPROBE = os.path.join(DATA_DIR, "msprobe")
 
 
 @pytest.mark.skipif(not os.path.isdir(MSPROBE), reason="no msprobe sample")

@@ -10,7 +10,9 @@ import torch.multiprocessing as mp
 
 from pytest_ptdbg.format import records
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from locations import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 def _worker(rank, world, init_file, out):

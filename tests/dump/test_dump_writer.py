@@ -15,7 +15,9 @@ from pytest_ptdbg.format import records
 from pytest_ptdbg.dump.stats import TensorStats
 from pytest_ptdbg.dump.writer import RankWriter, record_line, replace_dir, save_npy
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from locations import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 @pytest.mark.parametrize("stats, extra", [

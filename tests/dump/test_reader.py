@@ -10,6 +10,7 @@ from pytest_ptdbg.format.manifest import write_manifest
 from pytest_ptdbg.dump.npy import NpyStream, load_npy
 
 import dumps
+from locations import DATA_DIR
 
 
 @pytest.fixture()
@@ -121,7 +122,7 @@ def test_npy_checks_shape_and_refuses_pickles(tmp_path):
         NpyStream(str(tmp_path / "t.npy"), "rec", (2, 3))
 
 
-MSPROBE = os.path.join(os.path.dirname(__file__), "data", "msprobe")
+MSPROBE = os.path.join(DATA_DIR, "msprobe")
 
 
 @pytest.mark.skipif(not os.path.isdir(MSPROBE), reason="no msprobe sample")
