@@ -27,6 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 from example_models import cnn, mlp, train_step  # noqa: E402
 from pytest_ptdbg import PrecisionDebugger, compare  # noqa: E402
 from pytest_ptdbg.advise import advice_text as at  # noqa: E402
+from pytest_ptdbg.format import records  # noqa: E402
 
 NOISE = 1e-6
 FAULT = 1e-2
@@ -114,7 +115,7 @@ def _dump(path, fault=None, noise=0.0, model_name="mlp"):
     finally:
         if saved is not None:
             setattr(F, FAULTS[fault][0], saved)
-    return os.path.join(str(path), "ptdbg_dump_v4.0", "step0", "rank0")
+    return records.rank_dir(str(path))
 
 
 def _compare(npu, bench, out, rule="dtype"):
@@ -225,7 +226,7 @@ def test_half_precision_softmax_in_one_gpt_layer_is_traced_to_that_layer(tmp_pat
             train_step(model, batch)
         finally:
             dbg.stop()
-        return os.path.join(str(path), "ptdbg_dump_v4.0", "step0", "rank0")
+        return records.rank_dir(str(path))
 
     res = _compare(run(tmp_path / "npu", True), run(tmp_path / "bench", False), tmp_path / "out")
     first = res.advice.first

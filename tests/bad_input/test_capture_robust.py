@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import example_models as em
 from pytest_ptdbg import PrecisionDebugger, seed_all
 from pytest_ptdbg.capture.sink import Sink
+from pytest_ptdbg.format import records
 
 ROOT = REPO_ROOT
 MODES = {"stats": True, "full": False}  # name -> summary_only
@@ -40,7 +41,7 @@ def _debugger(tmp_path, mode: str, step=(0,)) -> PrecisionDebugger:
 
 def _records(tmp_path, step: int = 0) -> dict:
     """``{tensor key: record}`` of one step's dump (stack records left out)."""
-    (pkl,) = glob.glob(os.path.join(str(tmp_path), "ptdbg_dump_v4.0", f"step{step}", "rank0", "*.pkl"))
+    (pkl,) = glob.glob(os.path.join(records.rank_dir(str(tmp_path), step), "*.pkl"))
     out = {}
     with open(pkl) as f:
         for line in f:
@@ -51,7 +52,7 @@ def _records(tmp_path, step: int = 0) -> dict:
 
 
 def _npy(tmp_path, rec, step: int = 0) -> np.ndarray:
-    data = glob.glob(os.path.join(str(tmp_path), "ptdbg_dump_v4.0", f"step{step}", "rank0", "*_dump"))[0]
+    data = glob.glob(os.path.join(records.rank_dir(str(tmp_path), step), "*_dump"))[0]
     return np.load(os.path.join(data, rec[6]["npy"]), allow_pickle=False)
 
 

@@ -16,10 +16,11 @@ import time
 
 import pytest
 
+from real_dumps import dump_one_step, perturb
+
 torch = pytest.importorskip("torch")
 
-from example_models import mlp, train_step  # noqa: E402
-from pytest_ptdbg import PrecisionDebugger, compare, compare_distributed  # noqa: E402
+from pytest_ptdbg import compare, compare_distributed  # noqa: E402
 from pytest_ptdbg import api  # noqa: E402
 from pytest_ptdbg.format import records  # noqa: E402
 from pytest_ptdbg.format.manifest import write_manifest  # noqa: E402
@@ -39,17 +40,8 @@ def _seal(pkl):
 
 
 def _dump(path, scale=None):
-    torch.manual_seed(0)
-    model, batch = mlp(seed=0)
-    if scale is not None:
-        with torch.no_grad():
-            model.fc1.weight.add_(scale * torch.randn_like(model.fc1.weight))
-    dbg = PrecisionDebugger(dump_path=str(path), hook_name="dump", step=[0])
-    dbg.configure_hook(mode="api_stack")
-    dbg.start()
-    train_step(model, batch)
-    dbg.stop()
-    dbg.step()
+    prepare = (lambda m: perturb(m, "fc1.weight", add=scale)) if scale is not None else None
+    dump_one_step(path, prepare=prepare)
     _seal(_pkl(path))
     return path
 

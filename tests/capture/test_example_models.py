@@ -7,6 +7,8 @@ import pytest
 import torch
 
 import example_models as em
+from pytest_ptdbg.format import records
+from pathlib import Path
 
 SMALL = dict(em.MODELS)
 SMALL["bench_mlp"] = em.bench_mlp
@@ -187,7 +189,7 @@ def test_demo_dumps_one_step_and_summarises(tmp_path, capsys):
     out = tmp_path / "report"
     assert demo.main(["--out", str(out), "--model", "mlp", "--summary-only"]) == 0
     text = capsys.readouterr().out
-    rank0 = out / "ptdbg_dump_v4.0" / "step0" / "rank0"
+    rank0 = Path(records.rank_dir(str(out)))
     assert str(rank0) in text
     s = demo.summarize_dump(str(rank0))
     model, _ = em.mlp()
@@ -207,7 +209,7 @@ def test_demo_summary_reports_a_truncated_line(tmp_path):
     from pytest_ptdbg.cli import demo
 
     assert demo.main(["--out", str(tmp_path), "--model", "mlp", "--summary-only"]) == 0
-    rank0 = tmp_path / "ptdbg_dump_v4.0" / "step0" / "rank0"
+    rank0 = Path(records.rank_dir(str(tmp_path)))
     pkl = rank0 / "api_stack_dump.pkl"
     n_lines = len(pkl.read_text().splitlines())
     with open(pkl, "a") as fh:

@@ -1,26 +1,18 @@
 """compare() on real dumps of a real model step (PrecisionDebugger, forward + backward + SGD step)."""
 import pytest
 
+from real_dumps import dump_one_step, perturb
+
 torch = pytest.importorskip("torch")
 
-from example_models import mlp, train_step  # noqa: E402
+from example_models import train_step  # noqa: E402
 from pytest_ptdbg import PrecisionDebugger, compare, parse  # noqa: E402
 from pytest_ptdbg.dump import reader  # noqa: E402
 
 
 def _dump(path, summary_only=False, scale=None):
-    torch.manual_seed(0)
-    model, batch = mlp(seed=0)
-    if scale is not None:
-        with torch.no_grad():
-            model.fc1.weight.add_(scale * torch.randn_like(model.fc1.weight))
-    dbg = PrecisionDebugger(dump_path=str(path), hook_name="dump", step=[0])
-    dbg.configure_hook(mode="api_stack", summary_only=summary_only)
-    dbg.start()
-    train_step(model, batch)
-    dbg.stop()
-    dbg.step()
-    return str(path)
+    prepare = (lambda m: perturb(m, "fc1.weight", add=scale)) if scale is not None else None
+    return dump_one_step(path, summary_only=summary_only, prepare=prepare).dump_path
 
 
 @pytest.fixture(scope="module")

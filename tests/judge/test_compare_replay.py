@@ -8,15 +8,14 @@ the middle. Against a clean bench:
 * "amp": fc1's weights carry relative noise of 1e-6; the softmax turns that into a large
   difference although it computes exactly what the bench computes from the same inputs.
 """
-import os
-
 import pytest
+
+from real_dumps import dump_one_step, patched, perturb
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
-from example_models import mlp, train_step  # noqa: E402
-from pytest_ptdbg import PrecisionDebugger, compare  # noqa: E402
+from pytest_ptdbg import compare  # noqa: E402
 
 SCALE = 1000.0
 
@@ -40,27 +39,13 @@ def _bf16_linear(orig, call_index):
 
 
 def _dump(root, fault=False, noise=0.0):
-    model, batch = mlp(seed=0)
-    if noise:
-        with torch.no_grad():
-            g = torch.Generator().manual_seed(1)
-            model.fc1.weight.mul_(1 + noise * torch.randn(model.fc1.weight.shape, generator=g))
-    hook = model.fc2.register_forward_hook(lambda m, i, o: F.softmax(o * SCALE, dim=-1))
-    saved = F.linear
-    if fault:
-        F.linear = _bf16_linear(saved, 2)
-    try:
-        dbg = PrecisionDebugger(dump_path=str(root), hook_name="dump", step=[0])
-        dbg.configure_hook(mode="api_stack")
-        dbg.start()
-        try:
-            train_step(model, batch)
-        finally:
-            dbg.stop()
-    finally:
-        F.linear = saved
-        hook.remove()
-    return os.path.join(str(root), "ptdbg_dump_v4.0", "step0", "rank0")
+    def prepare(model):
+        if noise:
+            perturb(model, "fc1.weight", rel=noise)
+        return [model.fc2.register_forward_hook(lambda m, i, o: F.softmax(o * SCALE, dim=-1))]
+
+    around = (lambda: patched(F, "linear", _bf16_linear(F.linear, 2))) if fault else None
+    return dump_one_step(root, prepare=prepare, around=around).rank_dir
 
 
 @pytest.fixture(scope="module")

@@ -7,39 +7,34 @@ a badly conditioned softmax over large logits, which amplifies the tiny upstream
 """
 from __future__ import annotations
 
-import os
 
 import pytest
+
+from real_dumps import dump_one_step, perturb
 import torch
 import torch.nn.functional as F
 
 from example_models.models import mlp, train_step
 from pytest_ptdbg import PrecisionDebugger
 from pytest_ptdbg.judge.replay_check import check_apis, check_suspects, replay_section
+from pytest_ptdbg.format import records
 
 
 SCALE = 1000.0
 
 
 def _dump(root, npu: bool) -> str:
-    model, batch = mlp()
-    if npu:
-        with torch.no_grad():
-            g = torch.Generator().manual_seed(1)
-            model.fc1.weight.mul_(1 + 1e-6 * torch.randn(model.fc1.weight.shape, generator=g))
     cast = torch.bfloat16 if npu else torch.float64
-    handles = [
-        model.fc2.register_forward_hook(lambda m, i, o: F.softmax(o * SCALE, dim=-1)),
-        model.fc3.register_forward_hook(lambda m, i, o: o.to(cast).to(torch.float32)),
-    ]
-    dbg = PrecisionDebugger(dump_path=str(root), hook_name="dump", step=[0])
-    dbg.start()
-    train_step(model, batch)
-    dbg.stop()
-    dbg.close()
-    for h in handles:
-        h.remove()
-    return os.path.join(str(root), "ptdbg_dump_v4.0", "step0", "rank0")
+
+    def prepare(model):
+        if npu:
+            perturb(model, "fc1.weight", rel=1e-6)
+        return [
+            model.fc2.register_forward_hook(lambda m, i, o: F.softmax(o * SCALE, dim=-1)),
+            model.fc3.register_forward_hook(lambda m, i, o: o.to(cast).to(torch.float32)),
+        ]
+
+    return dump_one_step(root, prepare=prepare).rank_dir
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +93,6 @@ def test_unreplayable_suspects_say_why(dumps, tmp_path):
     train_step(model, batch)
     dbg.stop()
     dbg.close()
-    stats = os.path.join(str(tmp_path / "stats"), "ptdbg_dump_v4.0", "step0", "rank0")
+    stats = records.rank_dir(str(tmp_path / "stats"))
     (v,) = check_apis(["Functional_linear_0_forward"], stats)
     assert v.verdict == "unknown" and "summary_only=False" in v.reason

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from _pytest.pytester import SysModulesSnapshot
+from pytest_ptdbg.format import records
 
 pytest_plugins = ["pytester"]
 
@@ -233,7 +234,7 @@ def test_golden_create_compare_missing_stale(tester):
     res.assert_outcomes(passed=1)
     meta = golden / "test_g.py" / "test_model" / "golden.json"
     assert json.loads(meta.read_text())["nodeid"] == "test_g.py::test_model"
-    pkl = golden / "test_g.py" / "test_model" / "ptdbg_dump_v4.0" / "step0" / "rank0" / \
+    pkl = golden / "test_g.py" / "test_model" / records.DUMP_DIR_NAME / "step0" / "rank0" / \
         "api_stack_dump.pkl"
     assert pkl.is_file()
     assert not (pkl.parent / "api_stack_dump").exists() or not any(
@@ -490,7 +491,7 @@ def test_full_tensor_golden_is_compared_tensor_by_tensor(tester):
     res = tester.runpytest(f"--ptdbg-golden={golden}", "--ptdbg-update-golden",
                            "--ptdbg-golden-full")
     res.assert_outcomes(passed=1)
-    data = golden / "test_f.py" / "test_model" / "ptdbg_dump_v4.0" / "step0" / "rank0" / \
+    data = golden / "test_f.py" / "test_model" / records.DUMP_DIR_NAME / "step0" / "rank0" / \
         "api_stack_dump"
     assert any(p.suffix == ".npy" for p in data.iterdir())
     tester.runpytest(f"--ptdbg-golden={golden}").assert_outcomes(passed=1)

@@ -13,6 +13,7 @@ from pytest_ptdbg import PrecisionDebugger
 from pytest_ptdbg.judge import replay
 from pytest_ptdbg.sinks.acl import load_acl_config
 from pytest_ptdbg.judge.package import load_package
+from pytest_ptdbg.format import records
 
 
 def _acl_config(d, dump_path="acl_out", **over):
@@ -51,7 +52,7 @@ def mlp_dump(tmp_path_factory):
     train_step(model, batch)
     dbg.stop()
     dbg.close()
-    return os.path.join(str(root), "ptdbg_dump_v4.0", "step0", "rank0", "api_stack_dump")
+    return records.data_path(str(root))
 
 
 def test_nested_api_is_captured_once(tmp_path):

@@ -13,6 +13,7 @@ from pytest_ptdbg.judge import replay
 from pytest_ptdbg.sinks.overflow import (FINITE, INF, INPUTS_NONFINITE, NAN, PRODUCED, SAT, SATURATED,
                                           OverflowDetected, classify, tensor_status)
 from pytest_ptdbg.judge.package import load_package
+from pytest_ptdbg.format import records
 
 
 def _run(tmp_path, hooks, overflow_nums=None, batch_fn=None, name="ov"):
@@ -35,7 +36,7 @@ def _run(tmp_path, hooks, overflow_nums=None, batch_fn=None, name="ov"):
         dbg.close()
         for h in handles:
             h.remove()
-    rank_dir = os.path.join(str(tmp_path / name), "ptdbg_dump_v4.0", "step0", "rank0")
+    rank_dir = records.rank_dir(str(tmp_path / name))
     index = os.path.join(rank_dir, "overflow_check", "overflow.json")
     events = json.load(open(index))["events"] if os.path.exists(index) else []
     return err, events
@@ -130,7 +131,7 @@ def test_attention_mask_infinity_is_not_an_overflow(tmp_path):
     train_step(model, batch)  # raises OverflowDetected on a false alarm
     dbg.stop()
     dbg.close()
-    assert not os.path.exists(os.path.join(str(tmp_path / "gpt"), "ptdbg_dump_v4.0", "step0", "rank0",
+    assert not os.path.exists(os.path.join(records.rank_dir(str(tmp_path / "gpt")),
                                            "overflow_check", "overflow.json"))
 
 
