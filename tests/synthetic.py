@@ -10,14 +10,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import pandas as pd
 
+from pytest_ptdbg.comparison.schema import FULL_COLUMNS
 from pytest_ptdbg.format.records import parse_name
 
-CSV_COLUMNS = [
-    "NPU Name", "Bench Name", "NPU Tensor Dtype", "Bench Tensor Dtype", "NPU Tensor Shape",
-    "Bench Tensor Shape", "Cosine", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
-    "Five Thousandths Err Ratio", "NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max",
-    "Bench min", "Bench mean", "Bench l2norm", "Accuracy Reached or Not", "Err_message",
-]
+CSV_COLUMNS = FULL_COLUMNS
 
 
 def api(key: str, inputs: Sequence[float] = (0.0,), outputs: Sequence[float] = (0.0,),

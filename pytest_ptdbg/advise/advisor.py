@@ -42,6 +42,7 @@ import pandas as pd
 
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.columns import float_column, to_bool_array
+from pytest_ptdbg.comparison.schema import is_summary
 from pytest_ptdbg.format.text import fmt_error, fmt_growth
 
 #: Errors below this count as agreement when computing growth (about float32 resolution).
@@ -246,7 +247,7 @@ def row_errors(table: pd.DataFrame) -> np.ndarray:
     rel = np.where(np.isinf(rel), 1.0, np.abs(rel))  # inf: the bench is all zero, the NPU not
     with np.errstate(invalid="ignore", divide="ignore"):
         err = np.fmax(e_cos, rel)
-        if "Max diff" in table.columns:  # summary compare: also the statistics, against the range
+        if is_summary(table):  # summary compare: also the statistics, against the range
             scale = np.fmax(np.abs(float_column(table, "Bench max")), np.abs(float_column(table, "Bench min")))
             diffs = np.fmax(np.fmax(np.abs(float_column(table, "Max diff")), np.abs(float_column(table, "Min diff"))),
                             np.abs(float_column(table, "Mean diff")))
@@ -425,7 +426,7 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
 
     # failures whose error is below what counts as significant: the rule is stricter than the
     # noise (or, in a summary compare, a statistic near zero has a large relative difference)
-    significant = SIGNIFICANT_SUMMARY if "Max diff" in table.columns else SIGNIFICANT
+    significant = SIGNIFICANT_SUMMARY if is_summary(table) else SIGNIFICANT
     negligible = [v for v in inherited if not v.in_nan and v.out_err < significant]
     neg_ids = {id(v) for v in negligible}
     inherited = [v for v in inherited if id(v) not in neg_ids]
@@ -490,7 +491,7 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
         # the earliest inherited error with no recorded cause before it: the inputs differ at the start
         suspects.append(_suspect(table, v, "inherited", upstream=up, start=j == 0 and not before))
     suspects += [_suspect(table, v, "inherited", role="negligible",
-                          summary="Max diff" in table.columns) for v in negligible[:top]]
+                          summary=is_summary(table)) for v in negligible[:top]]
     left = top - len(ranked)
     suspects += [_suspect(table, v, "unpaired") for v in late_unp[:max(left, 0)]]
 

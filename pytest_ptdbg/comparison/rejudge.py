@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from typing import Any, List, Optional, Tuple
 
+from pytest_ptdbg.comparison.schema import is_summary
+
 __all__ = ["rejudge_table"]
 
 _STATS = ("max", "min", "mean", "l2norm")
@@ -107,7 +109,7 @@ def rejudge_table(table: Any, rule: str, th: Any) -> Tuple[Any, List[str]]:
     out = table.copy()
     if not len(out):
         return out, []
-    summary = bool(out.attrs.get("summary_compare", "Cosine" not in out.columns))
+    summary = is_summary(out)
     verdicts = list(out["Accuracy Reached or Not"])
     undecided: List[str] = []
     for i, (_, row) in enumerate(out.iterrows()):

@@ -1,7 +1,7 @@
 """Build the compare table (a pandas DataFrame) from two parsed dumps. No torch (except msprobe ``.pt``).
 
 One row per tensor pair in NPU execution order, unpaired rows where the alignment puts them.
-Columns: ptdbg's CSV columns (:data:`FULL_COLUMNS` or, for a summary compare, :data:`SUMMARY_COLUMNS`),
+Columns: ptdbg's CSV columns (``comparison/schema.py``: full or summary compare),
 then the internal underscore columns of docs/DESIGN.md (the CSV writer builds ``NPU_Stack_Info``
 from ``_stack`` when ``stack_mode``).
 Metric cells are floats (NaN when not computed; ``Err_message`` says why), shapes are lists.
@@ -29,21 +29,11 @@ import pandas as pd
 from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.pairing import dtype_class, pair_apis
+from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, METRIC_COLUMNS, SUMMARY_COLUMNS,
+                                             SUMMARY_DIFF_COLUMNS)
 from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
 
-HEAD = ["NPU Name", "Bench Name", "NPU Tensor Dtype", "Bench Tensor Dtype",
-        "NPU Tensor Shape", "Bench Tensor Shape"]
-METRICS = ["Cosine", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio", "Five Thousandths Err Ratio"]
-DIFFS = ["Max diff", "Min diff", "Mean diff", "L2norm diff"]
-STATS = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean", "Bench l2norm"]
-TAIL = ["Accuracy Reached or Not", "Err_message"]
-FULL_COLUMNS = HEAD + METRICS + STATS + TAIL
-SUMMARY_COLUMNS = HEAD + DIFFS + STATS + TAIL
-STACK_COLUMN = "NPU_Stack_Info"
-INTERNAL = ["_api", "_bench_api", "_family", "_direction", "_io", "_index", "_order", "_ctx", "_stack",
-            "_paired", "_rel_l2", "_nan_mismatch", "_npu_nonfinite", "_bench_nonfinite", "_passed",
-            "_unusable"]
 
 #: worker threads comparing tensor pairs
 WORKERS = 2
@@ -145,7 +135,7 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
             for k, name in enumerate(("max", "min", "mean", "l2norm")):
                 r[f"NPU {name}"] = _stat(nt.stats, k) if nt else math.nan
                 r[f"Bench {name}"] = _stat(bt.stats, k) if bt else math.nan
-            for c in (DIFFS if summary else METRICS):
+            for c in (SUMMARY_DIFF_COLUMNS if summary else METRIC_COLUMNS):
                 r[c] = math.nan
             r["Accuracy Reached or Not"] = ""
             r["Err_message"] = ""
@@ -194,7 +184,7 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
             rows.append(r)
     if jobs:
         _run_jobs(rows, jobs, rule, th, problems, progress, workers)
-    cols = (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL
+    cols = (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS
     df = pd.DataFrame(rows, columns=cols) if rows else pd.DataFrame({c: [] for c in cols})
     df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule})
     return df
@@ -241,7 +231,7 @@ def _fill_metrics(r: dict, m: M.PairMetrics, nt: TensorRec, bt: TensorRec, rule:
 
 def _summary_row(r: dict, nt: TensorRec, bt: TensorRec, rule: str, th: V.Thresholds) -> None:
     diffs = M.summary_diffs(nt.stats, bt.stats)
-    for c, v in zip(DIFFS, diffs):
+    for c, v in zip(SUMMARY_DIFF_COLUMNS, diffs):
         r[c] = v
     msgs = []
     verdict, mism = V.summary_verdict(nt.stats, bt.stats, r["_npu_nonfinite"], r["_bench_nonfinite"],

@@ -25,37 +25,18 @@ written unchanged. The file is created exclusively (:mod:`.outputs`).
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import pandas as pd
 
 from pytest_ptdbg.advise.advice_text import as_frames
+from pytest_ptdbg.comparison.schema import STACK_COLUMN, csv_columns, is_summary
 from pytest_ptdbg.report.outputs import write_new
 
-BASE_COLUMNS = ["NPU Name", "Bench Name", "NPU Tensor Dtype", "Bench Tensor Dtype",
-                "NPU Tensor Shape", "Bench Tensor Shape"]
-METRIC_COLUMNS = ["Cosine", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
-                  "Five Thousandths Err Ratio"]
-SUMMARY_COLUMNS = ["Max diff", "Min diff", "Mean diff", "L2norm diff"]
-STAT_COLUMNS = ["NPU max", "NPU min", "NPU mean", "NPU l2norm",
-                "Bench max", "Bench min", "Bench mean", "Bench l2norm"]
-VERDICT_COLUMNS = ["Accuracy Reached or Not", "Err_message"]
-STACK_COLUMN = "NPU_Stack_Info"
 #: how a missing value (NaN) is written: ptdbg's "N/A" (pandas reads it back as NaN)
 NA = "N/A"
 #: first characters that make a spreadsheet cell a formula
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-
-
-def is_summary(table: pd.DataFrame) -> bool:
-    """Whether the table is a summary (statistics-only) compare."""
-    return "Max diff" in table.columns
-
-
-def csv_columns(summary: bool, stack_mode: bool) -> List[str]:
-    """ptdbg's column list for a full or summary compare, with or without the stack column."""
-    cols = BASE_COLUMNS + (SUMMARY_COLUMNS if summary else METRIC_COLUMNS) + STAT_COLUMNS + VERDICT_COLUMNS
-    return cols + [STACK_COLUMN] if stack_mode else cols
 
 
 def format_stack_cell(stack: Optional[Sequence[Any]]) -> str:

@@ -15,8 +15,8 @@ import pandas as pd
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.advisor import MIN_GROWTH, PASS_FRACTION_NOTE, Advice, Suspect
 from pytest_ptdbg.advise.columns import to_bool_array, to_float_array
+from pytest_ptdbg.comparison import schema
 from pytest_ptdbg.format.text import fmt_error, fmt_number
-from pytest_ptdbg.report import csv_report
 from pytest_ptdbg.report.outputs import write_new
 from pytest_ptdbg.report.svg_plot import Mark, PlotData, Series, error_plot
 
@@ -201,7 +201,7 @@ def _failing_rows(table: pd.DataFrame) -> str:
     bad = np.flatnonzero(to_bool_array(t["_paired"], False) & ~to_bool_array(t["_passed"], True))
     if len(bad) == 0:
         return '<p class="muted">No row fails.</p>'
-    metric = (csv_report.SUMMARY_COLUMNS if csv_report.is_summary(t) else csv_report.METRIC_COLUMNS)
+    metric = (schema.SUMMARY_DIFF_COLUMNS if schema.is_summary(t) else schema.METRIC_COLUMNS)
     cols = ["NPU Name", "Bench Name"] + [c for c in metric if c in t.columns] + ["Err_message"]
     head = "".join(f"<th>{escape(c)}{' (pass fraction)' if 'Thousandth' in c else ''}</th>"
                    for c in ["line"] + cols)
@@ -242,7 +242,7 @@ def render_html(table: pd.DataFrame, advice: Advice, title: str = "pytest-ptdbg 
         _chip("tensor rows", advice.n_rows), _chip("compared", advice.n_compared),
         _chip("failing", advice.n_failed), _chip("suspects", max(advice.n_root_causes, len(advice.root_causes))),
         _chip("inherited", advice.n_inherited), _chip("unpaired calls", advice.n_unpaired),
-        _chip("mode", "summary (statistics)" if csv_report.is_summary(table) else "full tensors"),
+        _chip("mode", "summary (statistics)" if schema.is_summary(table) else "full tensors"),
     ])
     src = ""
     if sources:

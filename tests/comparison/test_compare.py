@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from pytest_ptdbg import compare
-from pytest_ptdbg.comparison.table import FULL_COLUMNS, SUMMARY_COLUMNS
+from pytest_ptdbg.comparison.schema import FULL_COLUMNS, SUMMARY_COLUMNS
 from pytest_ptdbg.format import records
 
 import dumps

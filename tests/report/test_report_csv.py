@@ -7,6 +7,7 @@ import pytest
 
 from pytest_ptdbg.advise.advisor import advise
 from synthetic import api, synthetic_table
+from pytest_ptdbg.comparison import schema
 from pytest_ptdbg.report import csv_report
 from pytest_ptdbg.report.advisor_text import write_advisor
 
@@ -67,10 +68,10 @@ def test_line_numbers_are_text_lines_even_with_stacks(tmp_path):
 
 
 def test_summary_compare_columns(tmp_path):
-    t = _table().drop(columns=csv_report.METRIC_COLUMNS)
-    for c in csv_report.SUMMARY_COLUMNS:
+    t = _table().drop(columns=schema.METRIC_COLUMNS)
+    for c in schema.SUMMARY_DIFF_COLUMNS:
         t[c] = 0.5
-    assert csv_report.is_summary(t)
+    assert schema.is_summary(t)
     p = csv_report.write_csv(t, str(tmp_path / "s.csv"))
     assert _header(p) == SUMMARY
     assert _header(csv_report.write_csv(t, str(tmp_path / "s2.csv"), stack_mode=True)) == SUMMARY + ["NPU_Stack_Info"]
