@@ -143,13 +143,6 @@ def _guess(func: Callable) -> Optional[Tuple[str, str]]:
     return ("Torch", name)
 
 
-def inplace_position(name: str) -> Optional[int]:
-    """Positional index of the ``inplace`` parameter of ``F.<name>``, if it has one."""
-    if _TABLE is None:
-        build_table()
-    return _INPLACE_POS.get(name)
-
-
 _STATIC_INPLACE: Dict[str, bool] = {}
 
 

@@ -33,11 +33,6 @@ class Selector:
         self._in_range = False
         self._range_done = False
 
-    def reset(self) -> None:
-        """New step: a range starts again."""
-        self._in_range = False
-        self._range_done = False
-
     def directions(self, call: ApiCall) -> Tuple[bool, bool]:
         """``(forward kept, backward kept)`` for this call."""
         mode = self.mode

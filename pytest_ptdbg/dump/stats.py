@@ -326,29 +326,6 @@ class StatsCache:
         except Exception:
             return None
 
-    def get(self, t: torch.Tensor) -> Optional[TensorStats]:
-        ident = self._ident(t)
-        if ident is None:
-            return None
-        key, ver = ident
-        e = self._d.get(key)
-        if e is not None and e[1] == ver and (e[0]() is not None or _owns_grad(e[3], key)):
-            self.hits += 1
-            return e[2]
-        return None
-
-    def put(self, t: torch.Tensor, st: TensorStats) -> None:
-        ident = self._ident(t)
-        if ident is None:
-            return
-        if len(self._d) >= self.size:
-            self._prune()
-        try:
-            ref = weakref.ref(t)
-        except TypeError:
-            return
-        self._d[ident[0]] = (ref, ident[1], st, None)
-
     def _lookup(self, t: torch.Tensor) -> Tuple[TensorStats, Any]:
         """``(statistics, key)``; key is None for tensors that are never cached."""
         ident = self._ident(t)

@@ -293,10 +293,6 @@ class RankWriter:
             self._fail(e, manifest.manifest_path(self.pkl_path))
         self._report()
 
-    @property
-    def opened(self) -> bool:
-        return self._fd is not None and self.bytes > 0
-
     def write(self, text: str) -> None:
         """Append complete lines with a single ``os.write`` (held in memory, briefly, while the
         directory is still being prepared in the background)."""

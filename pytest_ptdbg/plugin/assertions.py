@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from pytest_ptdbg.comparison.schema import is_summary
+from pytest_ptdbg.comparison.verdict import Thresholds
 from pytest_ptdbg.plugin.options import Settings, per_test
 from pytest_ptdbg.errors import PrecisionError
 from pytest_ptdbg.format.text import fmt_number
@@ -213,16 +215,17 @@ def _needed(failing: Any, s: Settings) -> Dict[str, float]:
     if not len(failing):
         return {}
     out: Dict[str, float] = {}
-    full = "Cosine" in failing.columns
+    full = not is_summary(failing)
+    defaults = Thresholds()
     if s.rule == "ptdbg":
         if full:
             cos = [c for c in _col(failing, "Cosine") if not math.isnan(c)]
             mae = _max(_col(failing, "MaxAbsErr"))
-            if cos and min(cos) < th.get("cosine", 0.99):
+            if cos and min(cos) < th.get("cosine", defaults.cosine):
                 out["cosine"] = min(cos)
-            if cos and min(cos) < th.get("cosine_hard", 0.9):
+            if cos and min(cos) < th.get("cosine_hard", defaults.cosine_hard):
                 out["cosine_hard"] = min(cos)
-            if mae is not None and mae > th.get("max_abs_hard", 1.0):
+            if mae is not None and mae > th.get("max_abs_hard", defaults.max_abs_hard):
                 out["max_abs_hard"] = mae
         else:
             rel = _max(_stat_rel(failing, scale_by_range=False))

@@ -120,13 +120,6 @@ def commit(staging: str, final: str, meta: Dict[str, Any]) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def size_bytes(path: str) -> int:
-    total = 0
-    for base, _, files in os.walk(path):
-        total += sum(os.path.getsize(os.path.join(base, f)) for f in files)
-    return total
-
-
 def missing_message(nodeid: str, root: str, path: str) -> str:
     return (f"no golden for {nodeid}\n"
             f"  expected: {os.path.join(path, META)}\n"
