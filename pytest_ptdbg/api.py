@@ -14,29 +14,37 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import pandas as pd
 
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.table import build_table
 from pytest_ptdbg.dump import reader
+from pytest_ptdbg.judge.step import StepJudgement, judge_step
 from pytest_ptdbg.report import outputs
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_ptdbg.advise.advisor import Advice
 
 
 @dataclass
 class CompareResult:
     """What :func:`compare` produced.
 
-    ``passed``: no row fails (``_passed`` all True, which unusable rows never are) **and**
-    ``problems`` is empty. Every entry of ``problems`` is data that could not be used (an
-    unreadable line or file, an empty side, a dump cut short) and counts against the verdict;
-    ``notes`` says what fails nothing (completeness unknown for ptdbg/msprobe dumps, a summary
-    compare chosen because a side has no tensors, a replay check that could not run).
+    ``passed`` (default judgement, ``rule=None``): ``judgement.passed``: nothing unusable
+    (``problems`` empty, no ``_unusable`` row left unclassified) and no root cause (an API over
+    its own-error budget, a NaN/Inf of its own, a changed argument, a value-changing call on one
+    side only; see ``judge/step.py``). With an explicit ``rule`` ("ptdbg", "dtype"): no row fails
+    that rule (``_passed`` all True, which unusable rows never are) and ``problems`` is empty.
+    Every entry of ``problems`` is data that could not be used (an unreadable line or file, an
+    empty side, a dump cut short) and counts against the verdict; ``notes`` says what fails
+    nothing (completeness unknown for ptdbg/msprobe dumps, a summary compare chosen because a
+    side has no tensors, a replay judgement that could not run).
     """
 
     table: pd.DataFrame
-    advice: Any
+    advice: Optional["Advice"]
     csv_path: str
     advisor_path: Optional[str]
     html_path: Optional[str]
@@ -46,6 +54,11 @@ class CompareResult:
     #: the ``input_param`` it was made from (lets ``assert_precision`` compare again with other rules)
     input_param: Dict[str, Any] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    #: the default judgement (root causes, unusable data, the replay of every call); also
+    #: computed when an explicit ``rule`` decides ``passed``
+    judgement: Optional[StepJudgement] = None
+    #: the rule that decided ``passed``: ``"judge"`` (default), ``"ptdbg"`` or ``"dtype"``
+    gate: str = "judge"
 
     @property
     def first_suspect(self):
@@ -108,10 +121,9 @@ def _load(input_param: Dict[str, Any], side: str, problems: List[str],
 
 
 def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = False,
-            auto_analyze: bool = True, fuzzy_match: bool = False, rule: str = "ptdbg",
+            auto_analyze: bool = True, fuzzy_match: bool = False, rule: Optional[str] = None,
             thresholds: Optional[V.Thresholds] = None, summary_compare: Optional[bool] = None,
-            replay_check: bool = True, replay_device: str = "cpu", _tag: str = "",
-            _report_stem: str = "") -> CompareResult:
+            replay_check: bool = True, replay_device: str = "cpu") -> CompareResult:
     """Compare an NPU dump with a bench dump (ptdbg's ``compare``), write the reports, return them.
 
     Writes ``compare_result_{stem}.csv``, ``advisor_{stem}.txt`` (when ``auto_analyze``; the advice is
@@ -119,18 +131,34 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
     ``output_path``; ``stem`` is ``{timestamp}_{4 hex digits}``, new for each compare, and every file
     is created exclusively (never over an existing file or link; see ``report/outputs.py``). An
     output folder that cannot be created or written raises ``outputs.OutputError`` (an OSError)
-    before the dumps are read. ``rule``: ``"ptdbg"`` (default) or
-    ``"dtype"`` (assert_close tolerances of the lower-precision side; see ``compare/verdict.py``).
-    ``summary_compare``: force (True) or forbid (False) a statistics-only compare; default: when
-    a side has no saved tensors. Problems with the input are listed in ``problems`` and the CSV.
+    before the dumps are read.
 
-    ``replay_check`` (full compare of dumps with saved tensors only): the top 3 root-cause
-    suspects are re-run alone on ``replay_device`` from the NPU's own inputs, to tell an API that
-    is imprecise by itself from one that only amplifies an upstream difference (see
-    ``advise/replay_merge.py``); this imports torch. The statistics-only compare never does.
+    The verdict (``result.passed``): by default (``rule=None``) the step fails iff its data are
+    unusable or there is a root cause (``judge/step.py``): every call of the NPU dump that holds
+    full tensors is replayed on ``replay_device`` from its own recorded inputs against a float64
+    oracle and a reference in its compute dtype (``judge.judge_dump``; the bench dump may be
+    statistics only), so an API over its own-error budget, a NaN/Inf of its own, a changed
+    argument or a value-changing call on one side only fails it. Without full tensors on the NPU
+    side (or ``replay_check=False``) root causes are judged from statistics (weaker; the advice
+    prints the ``configure_hook`` call that re-dumps the suspects in full). ptdbg's rule always
+    fills the CSV's ``Accuracy Reached or Not``; ``rule="ptdbg"`` or ``"dtype"`` makes that rule
+    the gate instead (``compare/verdict.py``). ``summary_compare``: force (True) or forbid (False)
+    a statistics-only table; default: when a side has no saved tensors. Problems with the input
+    are listed in ``problems`` and the CSV. The replay imports torch; the rest does not.
     """
+    return _compare(input_param, output_path, stack_mode, auto_analyze, fuzzy_match, rule, thresholds,
+                    summary_compare, replay_check, replay_device)
+
+
+def _compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = False,
+             auto_analyze: bool = True, fuzzy_match: bool = False, rule: Optional[str] = None,
+             thresholds: Optional[V.Thresholds] = None, summary_compare: Optional[bool] = None,
+             replay_check: bool = True, replay_device: str = "cpu", tag: str = "",
+             report_stem: str = "") -> CompareResult:
     log = bool(input_param.get("is_print_compare_log", True))
     say = (lambda msg: print(f"[ptdbg compare] {msg}", flush=True)) if log else (lambda msg: None)
+    gate = "judge" if rule is None else rule
+    rule = rule or "ptdbg"
     V._check_rule(rule)
     for key in ("npu_pkl_path", "bench_pkl_path"):
         if not input_param.get(key):
@@ -159,22 +187,62 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
                         rule=rule, thresholds=thresholds, problems=problems,
                         progress=say if log else None)
     say(f"{len(table)} rows in {time.perf_counter() - t0:.2f} s")
-    replay = (npu, bench, replay_device) if replay_check and not summary and npu.has_data and bench.has_data \
-        else None
-    result = _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, _tag, replay,
-                     notes, stem=_report_stem)
+    judged = _judge(npu, bench, table, problems, notes, replay_check, replay_device, say)
+    result = _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, tag, judged,
+                     gate, notes, stem=report_stem)
     result.input_param = dict(input_param)
     return result
 
 
+def _pairs(table: pd.DataFrame) -> Dict[str, str]:
+    """NPU API key -> bench API key of the calls the pairing matched."""
+    if not len(table) or "_bench_api" not in table.columns:
+        return {}
+    sub = table[table["_bench_api"].astype(str) != ""]
+    return dict(zip(sub["_api"].astype(str), sub["_bench_api"].astype(str)))
+
+
+def _has_call_specs(dump: reader.Dump) -> bool:
+    """Whether some record of ``dump`` carries a call spec (``extra["call"]``): replay needs one."""
+    return any(isinstance(t.extra, dict) and isinstance(t.extra.get("call"), dict)
+               for a in dump.apis if a.direction == "forward" for t in a.tensors[:1])
+
+
+def _judge(npu: reader.Dump, bench: reader.Dump, table: pd.DataFrame, problems: List[str], notes: List[str],
+           replay_check: bool, device: str, say: Callable[[str], None]) -> StepJudgement:
+    """The default judgement: the NPU dump's calls replayed (when it has full tensors), the table's
+    unusable rows, changed arguments and one-sided calls."""
+    replay = None
+    if replay_check and npu.has_data and not _has_call_specs(npu):
+        notes.append("replay check skipped: the NPU dump records no call arguments (a dump written "
+                     "by ptdbg, msprobe or an older version): judged from statistics")
+    elif replay_check and npu.has_data:
+        try:
+            from pytest_ptdbg.judge.own_error import judge_dump
+
+            replay = judge_dump(npu, bench, device=device, pairs=_pairs(table), progress=say)
+        except ImportError as e:
+            notes.append(f"replay check skipped: {e} (it needs torch); judged from statistics")
+        except Exception as e:  # noqa: BLE001 - a failed replay must not lose the compare's reports
+            notes.append(f"replay check failed: {type(e).__name__}: {e}; judged from statistics")
+    elif replay_check:
+        notes.append("the NPU dump has no full tensors: judged from statistics (localisation is weaker)")
+    else:
+        notes.append("replay check off (replay_check=False): judged from statistics")
+    return judge_step(table, problems, replay)
+
+
 def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyze: bool,
-            problems: List[str], summary: bool, say, tag: str, replay=None,
-            notes: Optional[List[str]] = None, stem: str = "") -> CompareResult:
+            problems: List[str], summary: bool, say, tag: str, judged: Optional[StepJudgement] = None,
+            gate: str = "judge", notes: Optional[List[str]] = None, stem: str = "") -> CompareResult:
     from pytest_ptdbg.advise.advisor import advise
+    from pytest_ptdbg.advise.ranking import apply_judgement
     from pytest_ptdbg.report.csv_report import csv_text
     from pytest_ptdbg.report.html_report import render_html
 
     notes = notes if notes is not None else []
+    if judged is None:
+        judged = judge_step(table, problems, None)
     names = {"csv": ("compare_result", "csv"), "html": ("compare_result", "html")}
     if auto_analyze:
         names["advisor"] = ("advisor", "txt")
@@ -183,18 +251,16 @@ def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyz
     with outputs.ReportSet(output_path, names, tag, stem or outputs.new_stem(tag, ts), ts) as files:
         csv_path = files.write("csv", csv_text(table, stack_mode))
         advice = advise(table)
-        if replay is not None:
-            from pytest_ptdbg.advise.replay_merge import run_replay_check
-
-            npu, bench, device = replay
-            run_replay_check(advice, npu, bench, bench_device=device, problems=notes, say=say)
+        apply_judgement(advice, judged, table)
         advisor_path = None
         if auto_analyze:
             advisor_path = files.write("advisor", advice.text() + _problems_text(problems, notes))
         html_path = files.write("html", render_html(table, advice, title=f"ptdbg compare {tag}".strip()))
-    passed = judge_passed(table, problems)
+    passed = judged.passed if gate == "judge" else judge_passed(table, problems)
     n_no = int((table["Accuracy Reached or Not"] == "No").sum()) if len(table) else 0
-    say(f"{n_no} of {len(table)} rows fail the verdict; CSV: {csv_path}")
+    say(f"{n_no} of {len(table)} rows fail ptdbg's rule; "
+        f"{'PASSED' if passed else 'FAILED'} ({'default judgement' if gate == 'judge' else gate + ' rule'}); "
+        f"CSV: {csv_path}")
     for p in problems[:20]:
         say(f"problem: {p}")
     if len(problems) > 20:
@@ -205,7 +271,7 @@ def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyz
         for line in advice.text().splitlines()[:3]:
             say(line)
     return CompareResult(table, advice, csv_path, advisor_path, html_path, passed, problems, summary,
-                         notes=notes)
+                         notes=notes, judgement=judged, gate=gate)
 
 
 def _problems_text(problems: List[str], notes: List[str], limit: int = 20) -> str:
@@ -253,8 +319,8 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
         param = {"npu_pkl_path": pn, "bench_pkl_path": pb, "is_print_compare_log": log}
         tag = f"rank{rank}-rank{rank}"
         try:
-            results[(rank, rank)] = compare(param, output_path, _tag=tag,
-                                            _report_stem=f"{tag}_{run_stem}", **kwargs)
+            results[(rank, rank)] = _compare(param, output_path, tag=tag,
+                                             report_stem=f"{tag}_{run_stem}", **kwargs)
         except outputs.OutputError:
             raise
         except (OSError, ValueError) as e:  # one rank that cannot be compared: the others go on

@@ -208,14 +208,18 @@ def _where(direction: str) -> Tuple[str, str]:
 def advice_for(category: str, kind: str, family: str, direction: str, input_error: float,
                output_error: float, growth: float, npu_dtypes: Sequence[str] = (),
                bench_dtypes: Sequence[str] = (), side: str = "", upstream: str = "",
-               role: str = "", flip: Optional[float] = None, api: str = "") -> str:
-    """Plain-English advice for one suspect: what happened, why it may happen, what to try."""
+               role: str = "", flip: Optional[float] = None, api: str = "", explains: str = "",
+               summary: bool = False) -> str:
+    """Plain-English advice for one suspect: what happened, why it may happen, what to try.
+
+    ``role``: the suspect's role (``"latent"``, ``"amplifier"``, ...); ``explains``: for a latent
+    origin, the later call whose failure it explains; ``summary``: a statistics-only compare."""
     op = op_name(family)
     ins, outs = _where(direction)
     Ins = ins[0].upper() + ins[1:]
     what = ""
-    if kind == "own" and role.startswith("latent"):
-        later = role.split(":", 1)[1] if ":" in role else "a later call"
+    if kind == "own" and role == "latent":
+        later = explains or "a later call"
         what = (f"{Ins} agree with the bench (error {fmt_error(input_error)}) but {outs} do not "
                 f"(error {fmt_error(output_error)}, {fmt_growth(growth)}). ")
         if category != LOW_PRECISION:
@@ -265,7 +269,7 @@ def advice_for(category: str, kind: str, family: str, direction: str, input_erro
                 "from another device) changed them. Check seeds (seed_all), data loading and "
                 "checkpoint loading.")
     if category == NEGLIGIBLE:
-        if role.endswith("summary"):
+        if summary:
             return (f"It agrees with the bench to {fmt_error(output_error)} (of its range), yet fails "
                     "the rule: in a statistics-only compare a statistic near zero (e.g. the mean of "
                     "a gradient) gives a large relative difference for a tiny absolute one. Compare "
@@ -321,8 +325,8 @@ def advice_for(category: str, kind: str, family: str, direction: str, input_erro
     }
     if category == LOW_PRECISION and lp:
         name, u = lp
-        if role.startswith("latent"):
-            later = role.split(":", 1)[1] if ":" in role else "a later call"
+        if role == "latent":
+            later = explains or "a later call"
             return what + (f"It computes in {name} (unit roundoff {u:.1e}) on at least one side and "
                            f"stays within {name}'s tolerance, but the rounding it adds travels on "
                            f"and {later} fails the tolerance of its own dtype. If that is the "

@@ -43,7 +43,7 @@ import pandas as pd
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.columns import float_column, to_bool_array
 from pytest_ptdbg.comparison.schema import is_summary
-from pytest_ptdbg.format.text import fmt_error, fmt_growth
+from pytest_ptdbg.format.text import TextEnum, fmt_error, fmt_growth
 
 #: Errors below this count as agreement when computing growth (about float32 resolution).
 NOISE_FLOOR = 1e-7
@@ -71,13 +71,33 @@ PASS_FRACTION_NOTE = (
 )
 
 
+class Kind(TextEnum):
+    """What a suspect is."""
+
+    OWN = "own"                # it creates the error (own error over budget, or by the table)
+    NONFINITE = "nonfinite"    # NaN/Inf first appears here
+    UNPAIRED = "unpaired"      # the call exists on one side only
+    INHERITED = "inherited"    # it only passes on error it received
+
+
+class Role(TextEnum):
+    """How a suspect relates to the others."""
+
+    NONE = ""
+    ORIGIN = "origin"          # creates the error
+    AMPLIFIER = "amplifier"    # grows error it received (ill-conditioned, Adam's first step)
+    LATENT = "latent"          # passes its own verdict but creates the error that fails later
+    SENSITIVE = "sensitive"    # a discontinuous op where a few elements flip on tiny input differences
+    NEGLIGIBLE = "negligible"  # inherited: fails a strict rule at noise level
+
+
 @dataclass
 class Suspect:
     """One API the advisor points at (or, for ``kind == "inherited"``, explains away)."""
 
     api: str
     direction: str
-    kind: str
+    kind: Kind
     csv_line: int
     stack: Optional[list]
     input_error: float
@@ -93,9 +113,17 @@ class Suspect:
     #: (passes its own verdict, but creates the error that fails later), "sensitive" (a
     #: discontinuous op where a few elements flip on tiny input differences); inherited:
     #: "negligible" (fails the rule with an error at noise level)
-    role: str = ""
+    role: Role = Role.NONE
     #: the replay check's verdict ("own", "inherited", "unknown"; "" when not re-run)
     replay: str = ""
+    #: a latent origin: the later call whose failure it explains
+    explains: str = ""
+    #: the fault category of a root cause (``advise.ranking.FaultCategory``), "" otherwise
+    fault: str = ""
+
+    def __post_init__(self) -> None:
+        self.kind = Kind(self.kind)
+        self.role = Role(self.role)
 
     @property
     def growth_text(self) -> str:
@@ -110,6 +138,7 @@ class Suspect:
 
     def to_dict(self) -> Dict[str, Any]:
         d = asdict(self)
+        d["kind"], d["role"] = str(self.kind), str(self.role)
         for k in ("input_error", "output_error", "growth"):
             v = d[k]
             d[k] = None if v is None or not math.isfinite(v) else float(v)
@@ -137,6 +166,8 @@ class Advice:
     n_root_causes: int = 0
     #: the replay check's verdicts (``judge.replay_verdict.ReplayVerdict``), when it ran
     replay: List[Any] = field(default_factory=list)
+    #: the default judgement of the step (``judge.step.StepJudgement``), when compare made one
+    judgement: Optional[Any] = None
 
     @property
     def first(self) -> Optional[Suspect]:
@@ -191,6 +222,8 @@ class Advice:
             from pytest_ptdbg.judge.replay_verdict import replay_section
 
             lines += ["", replay_section(self.replay).rstrip("\n")]
+        if self.judgement is not None:
+            lines += ["", self.judgement.text().rstrip("\n")]
         lines += ["", PASS_FRACTION_NOTE]
         return "\n".join(lines) + "\n"
 
@@ -204,12 +237,13 @@ class Advice:
             "first": self.first.api if self.first else None,
             "suspects": [s.to_dict() for s in self.suspects],
             "replay": [v.to_dict() for v in self.replay],
+            "judgement": self.judgement.to_dict() if self.judgement is not None else None,
         }
 
 
 def _suspect_lines(i: int, s: Suspect) -> List[str]:
     kind = {"own": "own error", "nonfinite": "NaN/Inf appears here",
-            "unpaired": f"only on the {s.side or 'one'} side"}.get(s.kind, s.kind)
+            "unpaired": f"only on the {s.side or 'one'} side"}.get(s.kind, str(s.kind))
     if s.replay in ("own", "inherited"):
         kind += {"own": ", confirmed by replay", "inherited": ", accurate on replay"}[s.replay]
     kind += {"amplifier": ", amplifies an earlier error",
@@ -436,7 +470,8 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
     # A failure nothing explains is traced back to the call that created an error of that size
     # while passing its own (e.g. float16) tolerance: a "latent" origin.
     sources: List[_ApiView] = list(nonfinite)
-    roles: Dict[int, str] = {}
+    roles: Dict[int, Role] = {}
+    explains: Dict[int, str] = {}
     latent: List[_ApiView] = []
 
     def explained(f: _ApiView) -> bool:
@@ -446,9 +481,9 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
     for f in sorted(own + inherited, key=lambda v: (v.order, v.first_row)):
         is_own = id(f) in own_ids
         if is_own and f.in_err < significant:
-            roles[id(f)] = "origin"  # its inputs agree with the bench up to float noise
+            roles[id(f)] = Role.ORIGIN  # its inputs agree with the bench up to float noise
         elif explained(f):
-            roles[id(f)] = "amplifier" if is_own else ""
+            roles[id(f)] = Role.AMPLIFIER if is_own else Role.NONE
         else:
             cands = [y for y in latent_pool if y.order < f.order
                      and LATENT_RATIO * f.in_err <= y.out_err <= f.in_err / LATENT_RATIO
@@ -456,9 +491,10 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
             if cands:
                 y = max(cands, key=lambda y: (_growth(y.out_err, y.in_err), -y.order))
                 latent.append(y)
-                roles[id(y)] = "latent:" + f.api
+                roles[id(y)] = Role.LATENT
+                explains[id(y)] = f.api
                 sources.append(y)
-            roles[id(f)] = ("amplifier" if cands else "origin") if is_own else ""
+            roles[id(f)] = (Role.AMPLIFIER if cands else Role.ORIGIN) if is_own else Role.NONE
         if is_own:
             sources.append(f)
 
@@ -468,32 +504,32 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
     # an origin that only flips a few elements of a discontinuous op (relu's gradient, max_pool,
     # comparisons) on tiny input differences is sensitivity, ranked after the real origins
     for v in own:
-        if (roles.get(id(v)) == "origin" and v.in_err > 0
+        if (roles.get(id(v)) == Role.ORIGIN and v.in_err > 0
                 and at.categorize(v.family, "own", v.ctx) == at.DISCONTINUOUS
                 and _flip_fraction(table, v.fail_row) < FLIP_FRACTION):
-            roles[id(v)] = "sensitive"
-    origins = by_growth([v for v in own if roles.get(id(v)) == "origin"] + latent
-                        ) + by_growth([v for v in own if roles.get(id(v)) == "sensitive"])
-    amplifiers = by_growth([v for v in own if roles.get(id(v)) == "amplifier"])
+            roles[id(v)] = Role.SENSITIVE
+    origins = by_growth([v for v in own if roles.get(id(v)) == Role.ORIGIN] + latent
+                        ) + by_growth([v for v in own if roles.get(id(v)) == Role.SENSITIVE])
+    amplifiers = by_growth([v for v in own if roles.get(id(v)) == Role.AMPLIFIER])
     first_inh = inherited[0].order if inherited else math.inf
     early_unp = [v for v in unpaired if v.order <= first_inh]
     late_unp = [v for v in unpaired if v.order > first_inh]
     ranked = (nonfinite + origins + amplifiers + early_unp)[:top]
     causes = nonfinite + origins + amplifiers + early_unp
 
-    kinds = {id(v): "nonfinite" for v in nonfinite}
-    kinds.update({id(v): "own" for v in own + latent})
-    suspects = [_suspect(table, v, kinds.get(id(v), "unpaired"), role=roles.get(id(v), ""))
-                for v in ranked]
+    kinds = {id(v): Kind.NONFINITE for v in nonfinite}
+    kinds.update({id(v): Kind.OWN for v in own + latent})
+    suspects = [_suspect(table, v, kinds.get(id(v), Kind.UNPAIRED), role=roles.get(id(v), Role.NONE),
+                         explains=explains.get(id(v), "")) for v in ranked]
     for j, v in enumerate(inherited[:top]):
         before = [c for c in causes if c.order < v.order]
         up = max(before, key=lambda c: c.order).api if before else ""
         # the earliest inherited error with no recorded cause before it: the inputs differ at the start
-        suspects.append(_suspect(table, v, "inherited", upstream=up, start=j == 0 and not before))
-    suspects += [_suspect(table, v, "inherited", role="negligible",
+        suspects.append(_suspect(table, v, Kind.INHERITED, upstream=up, start=j == 0 and not before))
+    suspects += [_suspect(table, v, Kind.INHERITED, role=Role.NEGLIGIBLE,
                           summary=is_summary(table)) for v in negligible[:top]]
     left = top - len(ranked)
-    suspects += [_suspect(table, v, "unpaired") for v in late_unp[:max(left, 0)]]
+    suspects += [_suspect(table, v, Kind.UNPAIRED) for v in late_unp[:max(left, 0)]]
 
     n_failed = int((~passed & paired).sum())
     any_nan = any(v.out_nan for v in views)
@@ -506,8 +542,9 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
     )
 
 
-def _suspect(table: pd.DataFrame, v: _ApiView, kind: str, upstream: str = "",
-             start: bool = False, role: str = "", summary: bool = False) -> Suspect:
+def _suspect(table: pd.DataFrame, v: _ApiView, kind: Kind, upstream: str = "",
+             start: bool = False, role: Role = Role.NONE, summary: bool = False,
+             explains: str = "") -> Suspect:
     row = {"nonfinite": v.nan_row, "own": v.fail_row if v.fail_row >= 0 else v.err_row,
            "inherited": v.fail_row}.get(kind, v.first_row)
     row = v.first_row if row < 0 else row
@@ -515,12 +552,11 @@ def _suspect(table: pd.DataFrame, v: _ApiView, kind: str, upstream: str = "",
     cat = at.categorize(v.family, kind, v.ctx, v.npu_dtypes, v.bench_dtypes)
     if start:
         cat = at.INPUTS_DIFFER
-    if role == "negligible":
+    if role == Role.NEGLIGIBLE:
         cat = at.NEGLIGIBLE
-        role = "negligible:summary" if summary else role
-    adv = at.advice_for(cat, kind, v.family, v.direction, v.in_err, v.out_err, g,
-                        v.npu_dtypes, v.bench_dtypes, side=v.side, upstream=upstream, role=role,
-                        flip=_flip_fraction(table, row), api=v.api)
+    adv = at.advice_for(cat, str(kind), v.family, v.direction, v.in_err, v.out_err, g,
+                        v.npu_dtypes, v.bench_dtypes, side=v.side, upstream=upstream, role=str(role),
+                        flip=_flip_fraction(table, row), api=v.api, explains=explains, summary=summary)
     msg = str(table.at[row, "Err_message"]) if "Err_message" in table.columns and row >= 0 else ""
     if kind == "own" and ("shape" in msg.lower() or "unmatched" in msg.lower()):
         adv = f"The shapes differ from the bench ({msg}): a different code path or API semantics. " + adv
@@ -529,7 +565,7 @@ def _suspect(table: pd.DataFrame, v: _ApiView, kind: str, upstream: str = "",
         input_error=float(v.in_err) if kind != "unpaired" else math.nan,
         output_error=float(v.out_err) if kind != "unpaired" else math.nan,
         growth=float(g), category=cat, advice=adv, family=v.family, ctx=v.ctx, order=v.order,
-        side=v.side if kind == "unpaired" else "", role=role.split(":")[0],
+        side=v.side if kind == "unpaired" else "", role=role, explains=explains,
     )
 
 

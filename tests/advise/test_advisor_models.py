@@ -164,11 +164,14 @@ def test_planted_fault_is_the_first_suspect_despite_parameter_noise(benches, tmp
     adv = res.advice
     first = adv.first
     assert first is not None and first.api == api and first.kind == kind
-    # exactly that call; anything else named only amplifies the error it received from there
+    # exactly that call; anything else named only amplifies the error it received from there,
+    # or is the same faulty call's other direction (the planted kernel scales inside autograd, so
+    # the replay finds its produced gradients wrong for their inputs too)
+    call = api.rsplit("_", 1)[0]
     assert adv.root_causes[0].api == api
-    assert all(s.role == "amplifier" for s in adv.root_causes[1:])
+    assert all(s.role == "amplifier" or s.api.rsplit("_", 1)[0] == call for s in adv.root_causes[1:]), adv.text()
     if model_name == "mlp":
-        assert [s.api for s in adv.root_causes] == [api]
+        assert {s.api for s in adv.root_causes} <= {api, call + "_backward"} and not res.passed
     assert adv.n_inherited >= 2  # the calls after it fail too, and are explained as inherited
     if kind == "own":
         assert first.growth > 100 and first.input_error < 1e-4
@@ -212,7 +215,8 @@ def test_half_precision_softmax_in_one_gpt_layer_is_traced_to_that_layer(tmp_pat
     """tiny GPT, layer 1 computes softmax in float16 without max subtraction (the example fault).
 
     The calls in float16 pass float16's tolerance, the float32 calls after them fail with error
-    they only received: the advisor must trace it back into layer 1's softmax, in float16.
+    they only received: the judgement must trace it back into layer 1's softmax, to the cast that
+    introduces float16 (the bench makes the same ``.to`` call with float32: a changed argument).
     """
     from example_models import tiny_gpt
 
@@ -230,7 +234,9 @@ def test_half_precision_softmax_in_one_gpt_layer_is_traced_to_that_layer(tmp_pat
 
     res = _compare(run(tmp_path / "npu", True), run(tmp_path / "bench", False), tmp_path / "out")
     first = res.advice.first
-    assert first.kind == "own" and first.category == at.LOW_PRECISION
+    assert not res.passed
+    assert first.kind == "own" and first.fault == "changed argument", res.advice.text()
+    assert first.api == "Tensor_to_2_forward" and "torch.float16 vs torch.float32" in first.advice
     assert "torch.float16" in set(res.table.loc[res.table["_api"] == first.api, "NPU Tensor Dtype"])
     assert "in softmax" in first.location  # CausalSelfAttention.softmax
     # layer 1, not layer 0: the first softmax's calls agree with the bench

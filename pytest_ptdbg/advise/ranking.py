@@ -1,0 +1,168 @@
+"""Rank the advice by the step's judgement: root causes first, in execution order. No torch.
+
+:func:`apply_judgement` folds a :class:`~pytest_ptdbg.judge.step.StepJudgement` into the advisor's
+:class:`~pytest_ptdbg.advise.advisor.Advice`:
+
+1. every root cause, earliest in execution order first, as a suspect with its fault category
+   (:class:`FaultCategory`) and advice saying what to try;
+2. then the advisor's other suspects, labelled: a call the table called "own" that the replay
+   finds within its own-error budget is an *amplifier* (it grows a difference it received, e.g.
+   AdamW's first step g/|g|, an ill-conditioned op) or *inherited*; calls not judged keep their
+   table-based label.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional
+
+import pandas as pd
+
+from pytest_ptdbg.advise import advice_text as at
+from pytest_ptdbg.advise.advisor import MIN_GROWTH, Advice, Kind, Role, Suspect
+from pytest_ptdbg.format.text import TextEnum, fmt_error
+from pytest_ptdbg.judge.step import Cause, RootCause, StepJudgement
+
+__all__ = ["FaultCategory", "fault_category", "advice_for_cause", "apply_judgement"]
+
+
+class FaultCategory(TextEnum):
+    """What kind of fault a root cause is, and so what to try."""
+
+    REDUCED_PRECISION = "reduced-precision kernel"
+    CHANGED_ARGUMENT = "changed argument"
+    NONFINITE_ORIGIN = "NaN/Inf origin"
+    WRONG_FORMULA = "wrong formula"
+    CODE_PATH = "code path differs"
+    BY_STATISTICS = "own error by statistics"
+
+
+_LOW = ("bfloat16", "float16")
+
+
+def fault_category(rc: RootCause) -> FaultCategory:
+    """The category of a root cause (from its cause and, for own errors, its compute dtype and
+    whether the device's result matches a lower-precision replay)."""
+    if rc.cause == Cause.CHANGED_ARGUMENT:
+        return FaultCategory.CHANGED_ARGUMENT
+    if rc.cause == Cause.NONFINITE:
+        return FaultCategory.NONFINITE_ORIGIN
+    if rc.cause in (Cause.ONE_SIDED, Cause.UNPAIRED):
+        return FaultCategory.CODE_PATH
+    if rc.cause == Cause.STATISTICS:
+        return FaultCategory.BY_STATISTICS
+    if any(d in rc.detail for d in ("matches a torch.bfloat16", "matches a torch.float16")) or \
+            any(f"({d}" in rc.detail or f"torch.{d};" in rc.detail for d in _LOW):
+        return FaultCategory.REDUCED_PRECISION
+    return FaultCategory.WRONG_FORMULA
+
+
+def advice_for_cause(rc: RootCause, category: FaultCategory) -> str:
+    """What happened and what to try, for one root cause."""
+    op = at.op_name(rc.family) if rc.family else rc.api
+    key = rc.api
+    where = "its produced gradients" if rc.direction == "backward" else "its outputs"
+    replay = (f'Reproduce it alone: configure_hook(mode="acl", scope=["{key}"]) and `ptdbg replay '
+              "PACKAGE --dtype float64`.")
+    if category == FaultCategory.CHANGED_ARGUMENT:
+        return (f"{op} is called with other non-tensor arguments than on the bench ({rc.detail}). "
+                "Use the same value on both sides: check the model config, a default that changed "
+                "between library versions, or a device-specific code path that sets it.")
+    if category == FaultCategory.NONFINITE_ORIGIN:
+        return (f"NaN/Inf first appears in {where} of {op}, and a replay of the same recorded inputs "
+                "(in its dtype and in float64) does not produce it: the kernel overflows or divides "
+                "by zero where a correct one does not. Compute it in float32, subtract the max "
+                "before exp, clamp or add an eps before log/sqrt/division. " + replay)
+    if category == FaultCategory.CODE_PATH:
+        return (f"This call runs only on the {rc.side} side ({rc.detail}): another code path, an "
+                "extra cast or op. If it lowers precision (a cast to float16/bfloat16, a hand-written "
+                "softmax without the max subtraction), make both sides run the same code, or keep "
+                "the computation in float32.")
+    if category == FaultCategory.BY_STATISTICS:
+        return (f"From statistics only: {rc.detail}. Localisation without full tensors is weaker; "
+                "re-dump this call in full (summary_only=False, mode=\"list\") to judge it by replay.")
+    size = f"{fmt_error(rc.own_error)} (budget {fmt_error(rc.budget)})"
+    if category == FaultCategory.REDUCED_PRECISION:
+        return (f"{op} loses precision by itself: on its own recorded inputs {where} are off by "
+                f"{size}, more than a correct kernel in its compute dtype makes. The kernel computes "
+                "or accumulates in lower precision than it should. Compute this op in float32 "
+                "(exclude it from autocast, or .float() around it), accumulate in float32, and for "
+                "softmax-like ops subtract the max first. " + replay)
+    return (f"{op} is wrong by itself: on its own recorded inputs {where} are off by {size}, "
+            "beyond any correct kernel's rounding: a different formula or algorithm (an "
+            "approximation such as GELU's tanh form, a scale, an eps, a bug in the device kernel). "
+            "Check the implementation against the bench's. " + replay)
+
+
+def _kind(rc: RootCause) -> Kind:
+    if rc.cause == Cause.NONFINITE:
+        return Kind.NONFINITE
+    if rc.cause in (Cause.ONE_SIDED, Cause.UNPAIRED):
+        return Kind.UNPAIRED
+    return Kind.OWN
+
+
+def _row_value(table: pd.DataFrame, row: int, col: str) -> Any:
+    if row < 0 or row >= len(table) or col not in table.columns:
+        return None
+    return table.iloc[row][col]
+
+
+def _new_suspect(rc: RootCause, table: pd.DataFrame) -> Suspect:
+    stack = _row_value(table, rc.row, "_stack")
+    frames = at.as_frames(stack) or None
+    return Suspect(api=rc.api, direction=rc.direction, kind=_kind(rc), csv_line=rc.row + 2 if rc.row >= 0 else 0,
+                   stack=frames, input_error=math.nan, output_error=rc.own_error, growth=math.nan,
+                   category="", advice="", family=rc.family, ctx=rc.ctx, order=rc.order,
+                   side=rc.side if _kind(rc) == Kind.UNPAIRED else "")
+
+
+def apply_judgement(advice: Advice, judgement: Optional[StepJudgement], table: pd.DataFrame) -> Advice:
+    """Re-rank ``advice`` (in place) by ``judgement`` (see the module docstring); returns it."""
+    advice.judgement = judgement
+    if judgement is None:
+        return advice
+    old = list(advice.suspects)
+    by_api: Dict[str, Suspect] = {s.api: s for s in old}
+    roots: List[Suspect] = []
+    seen = set()
+    for rc in judgement.root_causes:
+        if rc.api in seen:
+            continue
+        seen.add(rc.api)
+        s = by_api.get(rc.api)
+        cat = fault_category(rc)
+        if s is None:
+            s = _new_suspect(rc, table)
+        if s.kind == Kind.INHERITED or not s.category or rc.cause == Cause.CHANGED_ARGUMENT:
+            s.category = str(cat)  # the table's view of it (inherited...) does not hold
+        s.kind, s.role, s.fault = _kind(rc), Role.ORIGIN, cat
+        if rc.cause == Cause.UNPAIRED:
+            s.side = rc.side
+        if not math.isnan(rc.own_error):
+            s.output_error = rc.own_error
+        s.advice = advice_for_cause(rc, cat)
+        s.replay = "own" if rc.cause in (Cause.OVER_BUDGET, Cause.NONFINITE) else s.replay
+        roots.append(s)
+    verdicts = judgement.replay.by_api() if judgement.replay is not None else {}
+    rest = []
+    for s in old:
+        if s.api in seen:
+            continue
+        v = verdicts.get(s.api)
+        if v is not None and str(v.status) == "within budget" and s.kind in (Kind.OWN, Kind.NONFINITE):
+            amplifies = not math.isnan(s.growth) and s.growth >= MIN_GROWTH
+            s.kind = Kind.INHERITED
+            s.role = Role.AMPLIFIER if amplifies else Role.NONE
+            s.replay = "inherited"
+            s.advice = (f"Replayed from the device's own inputs it is within its own-error budget "
+                        f"(x{v.ratio:.2g} of budget): the difference is "
+                        + ("amplified from upstream (an ill-conditioned op or an update such as "
+                           "AdamW's first step g/|g|). " if amplifies else "inherited from upstream. ")
+                        + "Fix the root cause before it.")
+        rest.append(s)
+    own_rest = [s for s in rest if s.kind != Kind.INHERITED]
+    inh_rest = [s for s in rest if s.kind == Kind.INHERITED]
+    advice.suspects = roots + own_rest + inh_rest
+    advice.n_root_causes = len(judgement.root_causes)
+    advice.all_agree = advice.all_agree and judgement.passed
+    return advice

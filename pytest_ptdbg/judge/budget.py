@@ -1,0 +1,197 @@
+"""Own error against a budget: the numerical kernels of the judge. Pure numpy, no torch.
+
+For one output tensor of one call, replayed from the device's recorded inputs:
+
+* ``device``: what the device recorded; ``oracle``: the call in float64; ``reference``: the call in
+  its compute dtype (what a correct kernel in that dtype makes on the same inputs).
+* own error = ‖device − oracle‖₂; reference error = ‖reference − oracle‖₂ (over the elements
+  finite in all three).
+* budget = max(FACTOR × reference error, floor), floor = FLOOR_UNITS × u × max(‖oracle‖₂,
+  s_in × √n), where u is the unit roundoff of the compute dtype and s_in the smallest RMS among the
+  call's floating inputs (a correct kernel's result is never more exact than one rounding at the
+  scale of what it was computed from: a mathematically-zero bias gradient of ~1e-11 is judged
+  against its inputs' scale, not by its relative error).
+* the call is a root cause for this output when own error > budget, or when the device has NaN/Inf
+  that neither the reference nor the oracle has at the same places (``masked_fill(-inf)`` and
+  causal masks produce them in every replay too).
+
+FACTOR is below the benchmark's resolution (a fault smaller than 4x the correct kernel's error is
+"below resolution"), so every resolvable fault exceeds its budget, while a correct kernel of
+another device (another summation order) stays within FACTOR times the CPU reference's error.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+__all__ = ["FACTOR", "FLOOR_UNITS", "unit_roundoff", "OutputCheck", "check_output", "check_exact",
+           "check_indices", "check_dropout", "has_duplicates", "rms"]
+
+#: a correct kernel's error is at most this many times the reference kernel's (< the benchmark's 4)
+FACTOR = 3.0
+#: the floor of a budget, in units of the compute dtype's rounding
+FLOOR_UNITS = 1.0
+
+_UNIT = {"torch.float64": 2.0 ** -53, "torch.float32": 2.0 ** -24, "torch.bfloat16": 2.0 ** -8,
+         "torch.float16": 2.0 ** -11, "torch.complex64": 2.0 ** -24, "torch.complex128": 2.0 ** -53,
+         "torch.float8_e4m3fn": 2.0 ** -4, "torch.float8_e5m2": 2.0 ** -3}
+
+
+def unit_roundoff(dtype: str) -> float:
+    """Unit roundoff u = eps / 2 of a torch dtype name (``"torch.bfloat16"`` -> 2**-8); float32's
+    for anything unknown."""
+    name = dtype if str(dtype).startswith("torch.") else f"torch.{dtype}"
+    return _UNIT.get(name, 2.0 ** -24)
+
+
+def rms(a: np.ndarray) -> float:
+    """Root mean square over the finite elements (0.0 for none)."""
+    a = np.asarray(a, dtype=np.float64).ravel()
+    a = a[np.isfinite(a)]
+    return float(np.sqrt(np.mean(a * a))) if a.size else 0.0
+
+
+@dataclass
+class OutputCheck:
+    """The judgement of one output tensor."""
+
+    key: str
+    own: float            # ‖device − oracle‖₂ (inf: NaN/Inf of its own)
+    reference: float      # ‖reference − oracle‖₂
+    budget: float
+    scale: float          # ‖oracle‖₂
+    nonfinite_origin: bool = False
+    note: str = ""
+
+    @property
+    def ratio(self) -> float:
+        """own / budget (inf for a NaN/Inf origin; 0 when both are 0)."""
+        if self.nonfinite_origin or math.isinf(self.own):
+            return math.inf
+        if self.budget > 0:
+            return self.own / self.budget
+        return 0.0 if self.own == 0 else math.inf
+
+    @property
+    def relative(self) -> float:
+        """own error relative to the oracle's norm."""
+        if math.isinf(self.own):
+            return math.inf
+        return self.own / self.scale if self.scale > 0 else (0.0 if self.own == 0 else math.inf)
+
+    @property
+    def over(self) -> bool:
+        return self.ratio > 1.0
+
+
+def _nonfinite_pattern(a: np.ndarray) -> np.ndarray:
+    """0 where finite, 1 NaN, 2 +inf, 3 -inf."""
+    out = np.zeros(a.shape, dtype=np.int8)
+    out[np.isnan(a)] = 1
+    out[np.isposinf(a)] = 2
+    out[np.isneginf(a)] = 3
+    return out
+
+
+def check_output(key: str, device: np.ndarray, oracle: np.ndarray, reference: np.ndarray, dtype: str,
+                 input_rms: float = 0.0, factor: float = FACTOR, floor_units: float = FLOOR_UNITS) -> OutputCheck:
+    """Judge one floating output (see the module docstring). Arrays of one shape, any float dtype."""
+    d = np.asarray(device, dtype=np.float64)
+    o = np.asarray(oracle, dtype=np.float64)
+    r = np.asarray(reference, dtype=np.float64)
+    fd, fo, fr = np.isfinite(d), np.isfinite(o), np.isfinite(r)
+    origin = False
+    if not fd.all():
+        pd_ = _nonfinite_pattern(d)
+        bad = pd_ != 0
+        # a NaN/Inf the reference or the oracle has at the same place is not the device's own
+        explained = (pd_ == _nonfinite_pattern(r)) | (pd_ == _nonfinite_pattern(o))
+        origin = bool((bad & ~explained).any())
+    mask = fd & fo & fr
+    if not mask.all():
+        d, o, r = d[mask], o[mask], r[mask]
+    own = float(np.linalg.norm((d - o).ravel()))
+    ref = float(np.linalg.norm((r - o).ravel()))
+    scale = float(np.linalg.norm(o.ravel()))
+    u = unit_roundoff(dtype)
+    floor = floor_units * u * max(scale, input_rms * math.sqrt(max(d.size, 1)))
+    budget = max(factor * ref, floor)
+    return OutputCheck(key, math.inf if origin else own, ref, budget, scale, origin,
+                       "NaN/Inf where the reference replay has none" if origin else "")
+
+
+def check_exact(key: str, device: np.ndarray, oracle: np.ndarray, reference: np.ndarray,
+                factor: float = FACTOR) -> OutputCheck:
+    """Integer or bool outputs: own = number of elements differing from the oracle."""
+    own = float(np.count_nonzero(np.asarray(device) != np.asarray(oracle)))
+    ref = float(np.count_nonzero(np.asarray(reference) != np.asarray(oracle)))
+    return OutputCheck(key, own, ref, factor * ref, float(np.asarray(oracle).size),
+                       note="elements differ" if own > factor * ref else "")
+
+
+def check_indices(key: str, device_idx: np.ndarray, oracle_idx: np.ndarray, values: np.ndarray,
+                  dim: Optional[int]) -> OutputCheck:
+    """Index outputs of argmax/topk/sort-like calls: an index is right when the input value it
+    points to equals the one the oracle's index points to (ties are not errors)."""
+    di = np.asarray(device_idx).astype(np.int64)
+    oi = np.asarray(oracle_idx).astype(np.int64)
+    v = np.asarray(values, dtype=np.float64)
+    if di.shape != oi.shape:
+        return OutputCheck(key, math.inf, 0.0, 0.0, 0.0, note="index shapes differ")
+    if np.array_equal(di, oi):
+        return OutputCheck(key, 0.0, 0.0, 0.0, float(di.size))
+    try:
+        if dim is None or v.ndim == 0:
+            flat = v.ravel()
+            a, b = flat[np.clip(di, 0, flat.size - 1)], flat[np.clip(oi, 0, flat.size - 1)]
+        else:
+            ax = dim % v.ndim
+            if di.ndim != v.ndim:  # keepdim=False: put the reduced axis back
+                di, oi = np.expand_dims(di, ax), np.expand_dims(oi, ax)
+            n = v.shape[ax]
+            a = np.take_along_axis(v, np.clip(di, 0, n - 1), ax)
+            b = np.take_along_axis(v, np.clip(oi, 0, n - 1), ax)
+    except (ValueError, IndexError):
+        return OutputCheck(key, math.inf, 0.0, 0.0, 0.0, note="indices could not be checked")
+    wrong = float(np.count_nonzero(~((a == b) | (np.isnan(a) & np.isnan(b)))))
+    return OutputCheck(key, wrong, 0.0, 0.0, float(di.size),
+                       note="indices point to other values" if wrong else "ties resolved differently")
+
+
+def check_dropout(key: str, produced: np.ndarray, source: np.ndarray, p: float, dtype: str) -> OutputCheck:
+    """Dropout, structurally: every element of ``produced`` is 0 or ``source / (1 - p)``, within a
+    few roundings of ``dtype``. ``own`` counts the elements that are neither."""
+    out = np.asarray(produced, dtype=np.float64)
+    src = np.asarray(source, dtype=np.float64)
+    if out.shape != src.shape:
+        return OutputCheck(key, math.inf, 0.0, 0.0, 0.0, note="shape differs from its input")
+    if p >= 1.0:
+        wrong = np.count_nonzero(out != 0)
+    else:
+        kept = src / (1.0 - p)
+        tol = 4 * unit_roundoff(dtype) * np.abs(kept) + 4 * unit_roundoff(dtype) * np.abs(src)
+        ok = (out == 0) | (np.abs(out - kept) <= tol) | (np.isnan(out) & np.isnan(src))
+        wrong = np.count_nonzero(~ok)
+    return OutputCheck(key, float(wrong), 0.0, 0.0, float(out.size),
+                       note="elements neither 0 nor input/(1-p)" if wrong else "")
+
+
+def has_duplicates(index: np.ndarray, dim: Optional[int]) -> bool:
+    """Whether an index tensor repeats a value along ``dim`` at some position (scatter targets)."""
+    idx = np.asarray(index)
+    if idx.ndim == 0 or idx.size < 2:
+        return False
+    if dim is None:
+        flat = np.sort(idx.ravel())
+        return bool((flat[1:] == flat[:-1]).any())
+    rows = np.moveaxis(idx, dim % idx.ndim, -1).reshape(-1, idx.shape[dim % idx.ndim])
+    s = np.sort(rows, axis=1)
+    return bool((s[:, 1:] == s[:, :-1]).any())
+
+
+def worst(checks: Sequence[OutputCheck]) -> Optional[OutputCheck]:
+    """The check with the largest own/budget ratio."""
+    return max(checks, key=lambda c: c.ratio) if checks else None

@@ -1,0 +1,638 @@
+"""Judge one dump by itself: every call's own error, by replay, against a budget.
+
+:func:`judge_dump` replays every call of a dump that holds full tensors from its own recorded
+inputs (never chained), on the bench device, twice:
+
+* the **oracle**: floating inputs in float64, floating ``dtype=`` arguments float64, autocast off;
+* the **reference**: the call in its *compute dtype*, fixed from the recorded dtypes (the lowest
+  precision among its floating outputs: under bf16 autocast a linear's output is bf16, so the
+  reference casts its inputs to bf16 and computes in bf16; no device autocast policy is assumed).
+
+A forward call's outputs, and a backward call's produced gradients (autograd on the replayed call,
+fed the recorded incoming gradients), are judged by :mod:`.budget`: own error = distance(device,
+oracle), budget = FACTOR x distance(reference, oracle), floored at one rounding at the scale of the
+call's inputs. Over budget, or a NaN/Inf the replays do not produce, makes the call a root cause.
+In-place and 0-d calls (``step_t += 1``, ``addcdiv_``) replay on a copy of their recorded inputs.
+
+Calls that are not a computation or not unique are treated as :mod:`.not_judged`'s table says;
+calls that cannot be replayed (not in the allowlist, no call spec, statistics only) are listed,
+with the reason, in :attr:`DumpJudgement.not_judged`. Every replay goes through the allowlist
+(:mod:`.allowlist`) and the data-only argument decoder (:mod:`.arguments`).
+
+With a ``reference`` dump (the bench's; statistics only is enough) the oracle and the reference
+replay use the *bench's* recorded arguments for calls the pairing matched, so a changed argument
+(``eps``, ``approximate="tanh"``, a scale) shows up as the device call's own error; arguments that
+differ are also listed on the verdict (``changed_args``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from pytest_ptdbg.dump import reader
+from pytest_ptdbg.errors import NotReplayable, ReplayError, ReplayRefused
+from pytest_ptdbg.format import records
+from pytest_ptdbg.format.text import TextEnum, fmt_error
+from pytest_ptdbg.judge import budget as B
+from pytest_ptdbg.judge import not_judged as NJ
+
+__all__ = ["Status", "CallVerdict", "DumpJudgement", "judge_dump", "IGNORED_ARGUMENTS"]
+
+#: non-tensor arguments that never change values (compared by nobody)
+IGNORED_ARGUMENTS = frozenset({"device", "_stacklevel", "inplace", "non_blocking", "memory_format",
+                               "layout", "pin_memory", "requires_grad", "out"})
+
+
+class Status(TextEnum):
+    """What the judge concluded about one call."""
+
+    WITHIN = "within budget"        # replayed; its own error is within the budget
+    ROOT_CAUSE = "root cause"       # over budget, or NaN/Inf of its own
+    NOT_JUDGED = "not judged"       # not replayed or not comparable (reason given)
+
+
+@dataclass
+class CallVerdict:
+    """The judgement of one call (one API key with its direction)."""
+
+    api: str                         # e.g. ``Functional_linear_0_forward``
+    direction: str
+    order: int
+    family: str
+    status: Status
+    reason: str = ""
+    ratio: float = math.nan          # worst own error / budget over its outputs
+    own_error: float = math.nan      # relative own error of that output
+    budget: float = math.nan         # the budget, relative to the oracle's norm
+    worst: str = ""                  # the output it was judged by
+    nonfinite: bool = False          # a NaN/Inf the replays do not produce
+    compute_dtype: str = ""
+    bench_arguments: bool = False    # replayed with the bench's recorded arguments
+    changed_args: List[str] = field(default_factory=list)
+    ctx: str = ""
+    #: every floating output equals one of its inputs value for value (a cast that loses nothing,
+    #: a copy, a view): what a call on one side only does when it is bookkeeping
+    passes_through: bool = False
+    #: a root cause whose result a replay in this lower precision reproduces (a reduced-precision kernel)
+    matches_dtype: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.api
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = {k: getattr(self, k) for k in ("api", "direction", "order", "family", "reason", "worst",
+                                           "nonfinite", "compute_dtype", "bench_arguments",
+                                           "changed_args", "ctx", "passes_through", "matches_dtype")}
+        d["status"] = self.status.value
+        for k in ("ratio", "own_error", "budget"):
+            v = getattr(self, k)
+            d[k] = None if v is None or not math.isfinite(v) else float(v)
+        return d
+
+    def text(self) -> str:
+        if self.status == Status.NOT_JUDGED:
+            return f"{self.api}: not judged ({self.reason})"
+        if self.nonfinite:
+            return f"{self.api}: NaN/Inf in {self.worst} that a replay of the same inputs does not produce"
+        low = f"; it matches a {self.matches_dtype} computation" if self.matches_dtype else ""
+        return (f"{self.api}: own error {fmt_error(self.own_error)} in {self.worst}, budget "
+                f"{fmt_error(self.budget)} ({self.compute_dtype}; x{self.ratio:.3g} of budget{low})")
+
+
+@dataclass
+class DumpJudgement:
+    """Every call of one dump, judged by replay (see the module docstring)."""
+
+    source: str
+    device: str
+    verdicts: List[CallVerdict] = field(default_factory=list)
+    seconds: float = 0.0
+    factor: float = B.FACTOR
+
+    @property
+    def root_causes(self) -> List[CallVerdict]:
+        """Calls over their budget or with NaN/Inf of their own, in execution order."""
+        return [v for v in self.verdicts if v.status == Status.ROOT_CAUSE]
+
+    @property
+    def not_judged(self) -> List[CallVerdict]:
+        return [v for v in self.verdicts if v.status == Status.NOT_JUDGED]
+
+    @property
+    def judged(self) -> List[CallVerdict]:
+        return [v for v in self.verdicts if v.status != Status.NOT_JUDGED]
+
+    @property
+    def passed(self) -> bool:
+        return not self.root_causes
+
+    def by_api(self) -> Dict[str, CallVerdict]:
+        return {v.api: v for v in self.verdicts}
+
+    def largest_ratio(self, within_only: bool = True) -> float:
+        """The largest own-error/budget ratio among the calls within budget (or all judged)."""
+        vs = [v.ratio for v in (self.verdicts if not within_only else
+                                [x for x in self.verdicts if x.status == Status.WITHIN])
+              if v.ratio == v.ratio]
+        return max(vs) if vs else 0.0
+
+    def summary(self) -> str:
+        n, nj = len(self.verdicts), len(self.not_judged)
+        return (f"judged {n - nj} of {n} calls by replay on {self.device} in {self.seconds:.1f} s: "
+                f"{len(self.root_causes)} over budget; {nj} not judged")
+
+    def text(self, limit: int = 20) -> str:
+        lines = [f"Judgement by replay ({self.summary()}; budget: {self.factor:g} x a "
+                 "reference kernel's error in the call's compute dtype against a float64 oracle):"]
+        for v in self.root_causes[:limit]:
+            lines.append(f"  ROOT CAUSE {v.text()}")
+        nj = self.not_judged
+        if nj:
+            reasons: Dict[str, int] = {}
+            for v in nj:
+                reasons[v.reason] = reasons.get(v.reason, 0) + 1
+            lines.append(f"  not judged ({len(nj)}): " + "; ".join(
+                f"{r} x{k}" for r, k in sorted(reasons.items(), key=lambda x: -x[1])[:8]))
+            lines.append("    " + ", ".join(v.api for v in nj[:limit]) + (" ..." if len(nj) > limit else ""))
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"source": self.source, "device": self.device, "seconds": self.seconds,
+                "factor": self.factor, "root_causes": [v.api for v in self.root_causes],
+                "not_judged": [[v.api, v.reason] for v in self.not_judged],
+                "verdicts": [v.to_dict() for v in self.verdicts]}
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+
+def _call_spec(rec: Optional[reader.ApiRec]) -> Optional[dict]:
+    if rec is None:
+        return None
+    for t in rec.tensors:
+        spec = t.extra.get("call") if isinstance(t.extra, dict) else None
+        if isinstance(spec, dict) and isinstance(spec.get("args"), list):
+            return spec
+    return None
+
+
+def _tensor_refs(spec: Any) -> List[str]:
+    from pytest_ptdbg.judge.package import tensor_refs
+
+    return tensor_refs(spec)
+
+
+def _is_float(dtype: str) -> bool:
+    return "float" in dtype or "bfloat" in dtype or "half" in dtype or "double" in dtype
+
+
+def _lowest(dtypes: Sequence[str]) -> Optional[str]:
+    fl = [d for d in dtypes if _is_float(d) and "complex" not in d]
+    return max(fl, key=B.unit_roundoff) if fl else None
+
+
+def _leaf_values(v: Any, out: List[str]) -> None:
+    if isinstance(v, dict) and set(v) == {"t"}:
+        out.append("<tensor>")
+    else:
+        out.append(json.dumps(v, sort_keys=True))
+
+
+def _skip(x: Any) -> bool:
+    return isinstance(x, dict) and len(x) == 1 and next(iter(x)) in ("t", "dtype")
+
+
+def _dtypes_of(spec: Mapping[str, Any]) -> List[Tuple[str, str]]:
+    """``(where, dtype name)`` of the dtype arguments of a call spec."""
+    out = []
+    for i, x in enumerate(spec.get("args") or []):
+        if isinstance(x, dict) and set(x) == {"dtype"}:
+            out.append((f"argument {i}", str(x["dtype"])))
+    for k, x in (spec.get("kwargs") or {}).items():
+        if isinstance(x, dict) and set(x) == {"dtype"}:
+            out.append((k, str(x["dtype"])))
+    return out
+
+
+def lowered_precision(device_spec: Mapping[str, Any], bench_spec: Mapping[str, Any], seen: Sequence[str]) -> List[str]:
+    """Dtype arguments that make the device's call compute in a lower precision than the bench's,
+    in a precision none of the device's earlier calls produced (``seen``): ``"dtype: torch.float16
+    vs torch.float32"``. A dtype that follows the data (``x.to(v.dtype)`` under autocast, where
+    earlier calls already computed in it) is not a change."""
+    bench = dict(_dtypes_of(bench_spec))
+    out = []
+    for where, dt in _dtypes_of(device_spec):
+        other = bench.get(where)
+        if other is None:
+            other = "torch.float32" if where not in bench else other
+        if _is_float(dt) and B.unit_roundoff(dt) > B.unit_roundoff(other) and dt not in seen:
+            out.append(f"{where}: {dt} vs {other if where in bench else 'not given'} (a precision no "
+                       "earlier call computed in)")
+    return out
+
+
+def changed_arguments(device_spec: Mapping[str, Any], bench_spec: Mapping[str, Any]) -> List[str]:
+    """Non-tensor arguments that differ between two call specs of one API: ``"eps: 1e-05 vs 0.001"``.
+
+    Compared as recorded: the same position or keyword with other values, or a keyword given on
+    one side only while both give the same number of positional arguments. Tensors, dtypes (they
+    follow the data's dtype under autocast; a precision change is judged by the replay in the
+    call's compute dtype) and :data:`IGNORED_ARGUMENTS` are not compared. (The compare stage's normalised comparison, when
+    present as the table's ``_arg_changed`` rows, is preferred to this.)
+    """
+    out: List[str] = []
+    a, b = device_spec.get("args") or [], bench_spec.get("args") or []
+    for i in range(min(len(a), len(b))):
+        x, y = a[i], b[i]
+        if _skip(x) or _skip(y):
+            continue
+        if json.dumps(x, sort_keys=True) != json.dumps(y, sort_keys=True):
+            out.append(f"argument {i}: {json.dumps(x)} vs {json.dumps(y)}")
+    ka, kb = device_spec.get("kwargs") or {}, bench_spec.get("kwargs") or {}
+    for k in sorted(set(ka) | set(kb)):
+        if k in IGNORED_ARGUMENTS:
+            continue
+        x, y = ka.get(k, None), kb.get(k, None)
+        if _skip(x) or _skip(y):
+            continue
+        if (k in ka) != (k in kb):
+            if len(a) != len(b) or (x is None and y is None):
+                continue
+        if json.dumps(x, sort_keys=True) != json.dumps(y, sort_keys=True):
+            out.append(f"{k}: {json.dumps(x)} vs {json.dumps(y)}")
+    return out
+
+
+# ------------------------------------------------------------------------------------ replay
+
+
+class _Call:
+    """One call's recorded tensors, loaded once."""
+
+    def __init__(self, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec]) -> None:
+        from pytest_ptdbg.dump.npy import load_npy
+
+        self.fwd, self.bwd = fwd, bwd
+        self.arrays: Dict[str, np.ndarray] = {}
+        self.dtypes: Dict[str, str] = {}
+        self.missing: List[str] = []
+        self.requires_grad: set = set()
+        for rec, prefix in ((fwd, ""), (bwd, "backward_")):
+            if rec is None:
+                continue
+            for t in rec.tensors:
+                key = f"{prefix}{t.slot}"
+                self.dtypes[key] = t.dtype
+                if prefix == "" and t.extra.get("rg"):
+                    self.requires_grad.add(key)
+                if t.data_file:
+                    self.arrays[key] = load_npy(t.data_file, t.name, t.shape, t.dtype)
+                elif t.dtype.startswith("torch."):
+                    self.missing.append(t.name)
+        if bwd is not None:  # gradients were produced for exactly the inputs that required grad
+            for t in bwd.tensors:
+                if t.io == "output":
+                    self.requires_grad.add(f"input.{t.index_str}")
+
+    def keys(self, prefix: str) -> List[str]:
+        return [k for k in self.arrays if k.startswith(prefix)]
+
+
+def _torch_dtype(name: str) -> Any:
+    from pytest_ptdbg.judge.allowlist import dtype_of
+
+    n = name.split(".", 1)[1] if name.startswith(("torch.", "numpy.")) else name
+    return dtype_of(n)
+
+
+def _run(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bool, cast: Any,
+         backward: bool) -> Dict[str, Any]:
+    """One replay: ``{output.i: tensor}`` and, with ``backward``, ``{backward_output.j: grad}``."""
+    import torch
+
+    from pytest_ptdbg.judge import package as pkgmod
+    from pytest_ptdbg.judge.runner import _retarget, effective_output
+
+    leaves: Dict[str, Any] = {}
+
+    def tensor(key: str) -> Any:
+        t = torch.from_numpy(np.array(call.arrays[key], copy=True))  # own memory: in-place calls change only it
+        want = _torch_dtype(call.dtypes.get(key, ""))
+        if want is not None and t.dtype != want:
+            t = t.to(want)
+        if t.is_floating_point():
+            if oracle:
+                t = t.to(torch.float64)
+            if backward and key in call.requires_grad:
+                t.requires_grad_(True)
+                leaves[key] = t
+            if not oracle and cast is not None and t.dtype != cast:
+                t = t.to(cast)
+            elif key in leaves:
+                t = t.clone()
+        return t.to(dev) if dev.type != "cpu" else t
+
+    try:
+        args, kwargs = pkgmod.decode_call(spec, list(call.arrays), tensor, where=api, device=dev)
+    except (ReplayRefused, NotReplayable):
+        raise
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from None
+    args, kwargs = _retarget(args, kwargs, dev, torch.float64 if oracle else None)
+    with torch.autocast(dev.type, enabled=False), torch.set_grad_enabled(backward):
+        try:
+            out = func(*args, **kwargs)
+        except Exception as exc:
+            raise ReplayError(f"{api}: the call failed on replay: {type(exc).__name__}: {exc}") from exc
+        outs = dict(pkgmod.flatten_output(effective_output(out, args)))
+        result = {k: v.detach() for k, v in outs.items()}
+        if not backward or not leaves:
+            return result
+        pairs = []
+        for gkey in call.keys("backward_input."):
+            o = outs.get("output" + gkey[len("backward_input"):])
+            if o is None or not o.requires_grad:
+                continue
+            g = torch.from_numpy(np.array(call.arrays[gkey], copy=True))
+            want = _torch_dtype(call.dtypes.get(gkey, ""))
+            if want is not None and g.dtype != want:
+                g = g.to(want)
+            if tuple(g.shape) != tuple(o.shape):
+                raise ReplayError(f"{api}: gradient {gkey} has shape {list(g.shape)}, the output {list(o.shape)}")
+            pairs.append((o, g.to(o.dtype)))
+        if not pairs:
+            return result
+        keys = list(leaves)
+        try:
+            grads = torch.autograd.grad([o for o, _ in pairs], [leaves[k] for k in keys],
+                                        [g for _, g in pairs], allow_unused=True)
+        except Exception as exc:
+            raise ReplayError(f"{api}: backward failed on replay: {type(exc).__name__}: {exc}") from exc
+    for k, g in zip(keys, grads):
+        if g is not None:
+            result["backward_output" + k[len("input"):]] = g.detach()
+    return result
+
+
+def _np(t: Any) -> np.ndarray:
+    import torch
+
+    if t.is_floating_point():
+        return t.detach().to("cpu", torch.float64).numpy()
+    return t.detach().cpu().numpy()
+
+
+def _input_rms(call: _Call, prefixes: Sequence[str]) -> float:
+    vals = [B.rms(a) for k, a in call.arrays.items() if k.startswith(tuple(prefixes))
+            and _is_float(call.dtypes.get(k, "")) and a.dtype.kind == "f"]
+    vals = [v for v in vals if v > 0]
+    return min(vals) if vals else 0.0
+
+
+# ----------------------------------------------------------------------------------- judging
+
+
+def _passes_through(call: _Call, outs: Sequence[str], ins: Sequence[str], rounded: bool = False) -> bool:
+    """Every floating output among ``outs`` equals, value for value, a same-shaped input among
+    ``ins`` (``rounded``: after rounding that input to the output's recorded dtype: the gradient of
+    a lossless cast is the incoming gradient in the cast's input dtype)."""
+    got = [k for k in outs if k in call.arrays and call.arrays[k].dtype.kind == "f"]
+    if not got:
+        return False
+    cands = [call.arrays[k] for k in ins if k in call.arrays and call.arrays[k].dtype.kind == "f"]
+    for k in got:
+        o = call.arrays[k].astype(np.float64)
+        want = _torch_dtype(call.dtypes.get(k, "")) if rounded else None
+
+        def same(c: np.ndarray) -> bool:
+            if c.shape != o.shape:
+                return False
+            if want is not None:
+                import torch
+
+                c = torch.from_numpy(np.ascontiguousarray(c)).to(want).to(torch.float64).numpy()
+            return bool(np.array_equal(c.astype(np.float64), o, equal_nan=True))
+
+        if not any(same(c) for c in cands):
+            return False
+    return True
+
+
+def _verdict(rec: reader.ApiRec, status: Status, reason: str = "", **kw: Any) -> CallVerdict:
+    return CallVerdict(rec.key, rec.direction, rec.order, rec.family, status, reason, ctx=rec.ctx or "", **kw)
+
+
+def _from_checks(rec: reader.ApiRec, checks: List[B.OutputCheck], compute: str, **kw: Any) -> CallVerdict:
+    if not checks:
+        return _verdict(rec, Status.NOT_JUDGED, "no recorded output to compare", **kw)
+    w = B.worst(checks)
+    over = w.ratio > 1.0
+    rel_budget = w.budget / w.scale if w.scale > 0 else math.nan
+    reason = w.note or ("over budget" if over else "")
+    return _verdict(rec, Status.ROOT_CAUSE if over else Status.WITHIN, reason, ratio=w.ratio,
+                    own_error=w.relative, budget=rel_budget, worst=w.key, nonfinite=w.nonfinite_origin,
+                    compute_dtype=compute, **kw)
+
+
+def _dropout(call: _Call, spec: dict, special: NJ.Special, fwd: reader.ApiRec,
+             bwd: Optional[reader.ApiRec]) -> List[CallVerdict]:
+    p = NJ.probability_arg(special, spec)
+    if p is None:
+        return [_verdict(r, Status.NOT_JUDGED, "dropout whose p is not a plain number")
+                for r in (fwd, bwd) if r is not None]
+    if not NJ.training_arg(spec):
+        p = 0.0
+    out: List[CallVerdict] = []
+    dt = call.dtypes.get("output.0", "torch.float32")
+    for rec, src, dst in ((fwd, "input.0", "output.0"), (bwd, "backward_input.0", "backward_output.0")):
+        if rec is None:
+            continue
+        if src not in call.arrays or dst not in call.arrays:
+            out.append(_verdict(rec, Status.NOT_JUDGED, "statistics only (no saved tensors)"))
+            continue
+        c = B.check_dropout(dst, call.arrays[dst], call.arrays[src], p, dt)
+        v = _verdict(rec, Status.ROOT_CAUSE if c.own > 0 else Status.WITHIN,
+                     c.note or "structure checked (0 or x/(1-p))", ratio=math.inf if c.own > 0 else 0.0,
+                     own_error=c.own / max(c.scale, 1.0), budget=0.0, worst=dst, compute_dtype=dt)
+        out.append(v)
+    return out
+
+
+def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
+                dev: Any, factor: float, seen: Sequence[str] = ()) -> List[CallVerdict]:
+    from pytest_ptdbg.judge.runner import resolve_api
+
+    recs = [r for r in (fwd, bwd) if r is not None]
+    spec = _call_spec(fwd)
+    if spec is None:
+        return [_verdict(r, Status.NOT_JUDGED, "no recorded call (arguments)") for r in recs]
+    special = NJ.special_of(fwd.family)
+    if special is not None and special.treatment in (NJ.Treatment.UNINITIALISED, NJ.Treatment.RANDOM):
+        return [_verdict(r, Status.NOT_JUDGED, str(special.treatment)) for r in recs]
+    if special is not None and special.treatment == NJ.Treatment.RANDOM_WITH_P:
+        p = NJ.probability_arg(special, spec)
+        if p is None or p != 0.0:
+            return [_verdict(r, Status.NOT_JUDGED, f"random (dropout_p={p}) without a recorded generator state")
+                    for r in recs]
+    call = _Call(fwd, bwd)
+    if special is not None and special.treatment == NJ.Treatment.DROPOUT:
+        return _dropout(call, spec, special, fwd, bwd)
+    needed = _tensor_refs(spec)
+    if any(k not in call.arrays for k in needed) or not call.keys("output."):
+        return [_verdict(r, Status.NOT_JUDGED, "statistics only (no saved tensors)") for r in recs]
+
+    # the bench's arguments, when the pairing matched this call to the same API with the same tensors
+    use, changed, from_bench = spec, [], False
+    bspec = _call_spec(bench_fwd)
+    if bspec is not None and bench_fwd.family == fwd.family and set(_tensor_refs(bspec)) <= set(call.arrays):
+        changed = changed_arguments(spec, bspec) + lowered_precision(spec, bspec, seen)
+        use, from_bench = bspec, True
+    extra = dict(bench_arguments=from_bench, changed_args=changed)
+    if special is not None and special.treatment == NJ.Treatment.DUPLICATES:
+        dim = NJ.dim_arg(special, spec)
+        idx = [call.arrays[k] for k in needed if call.arrays[k].dtype.kind in "iu"]
+        if dim is None or not idx or any(B.has_duplicates(i, dim) for i in idx):
+            return [_verdict(r, Status.NOT_JUDGED, str(special.treatment), **extra) for r in recs]
+
+    import torch
+
+    func = resolve_api(fwd.api_type, fwd.api_name, fwd.key)  # ReplayRefused unless allowlisted
+    out_dtypes = [call.dtypes[k] for k in call.keys("output.")]
+    compute = _lowest(out_dtypes)
+    cast = _torch_dtype(compute) if compute else None
+    backward = bwd is not None and bool(call.keys("backward_input.")) and bool(call.keys("backward_output."))
+    orc = _run(func, fwd.key, use, call, dev, True, None, backward)
+    try:
+        ref = _run(func, fwd.key, use, call, dev, False, cast, backward)
+    except ReplayError:
+        if cast is None:
+            raise
+        ref = _run(func, fwd.key, use, call, dev, False, None, backward)  # no kernel in that dtype here
+    dim = NJ.dim_arg(special, spec) if special is not None and special.treatment == NJ.Treatment.TIES else None
+
+    def checks(prefix: str, rms_from: Sequence[str]) -> List[B.OutputCheck]:
+        s_in = _input_rms(call, rms_from)
+        res = []
+        for k in call.keys(prefix):
+            if k not in orc or k not in ref:
+                continue
+            d = call.arrays[k]
+            o, r = _np(orc[k]), _np(ref[k])
+            if o.shape != d.shape or r.shape != d.shape:
+                res.append(B.OutputCheck(k, math.inf, 0.0, 0.0, 0.0, note=f"replay gives shape {list(o.shape)}, "
+                                                                          f"recorded {list(d.shape)}"))
+                continue
+            if d.dtype.kind == "f" and _is_float(call.dtypes.get(k, "float")):
+                res.append(B.check_output(k, d, o, r, compute or call.dtypes.get(k, "torch.float32"), s_in, factor))
+            elif special is not None and special.treatment == NJ.Treatment.TIES and "input.0" in call.arrays:
+                res.append(B.check_indices(k, d, o, call.arrays["input.0"], dim))
+            else:
+                res.append(B.check_exact(k, d, o, r, factor))
+        return res
+
+    out = [_from_checks(fwd, checks("output.", ("input.",)), compute or "", **extra)]
+    if bwd is not None and backward:
+        out.append(_from_checks(bwd, checks("backward_output.", ("input.", "backward_input.")),
+                                compute or "", **extra))
+    for v in out:
+        if v.status == Status.ROOT_CAUSE and not v.nonfinite and compute in ("torch.float32", "torch.float64"):
+            v.matches_dtype = _matching_precision(func, fwd.key, use, call, dev, backward, orc, v.worst)
+    out[0].passes_through = _passes_through(call, call.keys("output."), call.keys("input."))
+    if bwd is not None:
+        if backward:
+            out[-1].passes_through = _passes_through(call, call.keys("backward_output."),
+                                                     call.keys("backward_input."), rounded=True)
+        else:
+            out.append(_verdict(bwd, Status.NOT_JUDGED, "no recorded incoming or produced gradient", **extra))
+    return out
+
+
+def _matching_precision(func: Callable, api: str, spec: dict, call: _Call, dev: Any, backward: bool,
+                        orc: Dict[str, Any], key: str) -> str:
+    """The lower precision (bfloat16, float16) whose replay, or whose rounding of the oracle's
+    result, reproduces the device's ``key`` at least twice as closely as the oracle does, or ""."""
+    import torch
+
+    if key not in call.arrays or key not in orc:
+        return ""
+    d = call.arrays[key].astype(np.float64)
+    o = _np(orc[key])
+    fin = np.isfinite(d) & np.isfinite(o)
+    to_orc = float(np.linalg.norm((d - o)[fin]))
+    for low in (torch.bfloat16, torch.float16):
+        rounded = orc[key].to(low).to(torch.float64).numpy() if orc[key].is_floating_point() else o
+        if float(np.linalg.norm((d - rounded)[fin & np.isfinite(rounded)])) < 0.5 * to_orc:
+            return str(low)
+        try:
+            r = _run(func, api, spec, call, dev, False, low, backward)
+        except (ReplayError, RuntimeError, ValueError, TypeError):
+            continue
+        if key not in r:
+            continue
+        x = _np(r[key])
+        ok = fin & np.isfinite(x)
+        if float(np.linalg.norm((d - x)[ok])) < 0.5 * to_orc:
+            return str(low)
+    return ""
+
+
+def judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump, None] = None, *,
+               device: str = "cpu", pairs: Optional[Mapping[str, str]] = None, factor: float = B.FACTOR,
+               progress: Optional[Callable[[str], None]] = None) -> DumpJudgement:
+    """Judge every call of ``dump`` by replay from its own recorded inputs (module docstring).
+
+    ``dump``: a dump folder or file (anything ``dump.reader.read_dump`` takes) or a read ``Dump``
+    with full tensors (statistics-only calls are listed as not judged). ``reference``: the bench
+    dump (optional; statistics-only is enough): its recorded arguments are used for paired calls.
+    ``pairs``: device API key -> bench API key (forward keys; default: the same key). ``device``:
+    where to replay (the bench device). Returns a :class:`DumpJudgement`; raises ImportError
+    without torch. Nothing raises for one call: a call that cannot be replayed is not judged.
+    """
+    import torch
+
+    from pytest_ptdbg.judge.runner import check_device
+
+    t0 = time.perf_counter()
+    d = dump if isinstance(dump, reader.Dump) else reader.read_dump(dump)
+    b = reference if isinstance(reference, reader.Dump) or reference is None else reader.read_dump(reference)
+    dev = check_device(device) if not isinstance(device, torch.device) else device
+    index = {a.key: a for a in d.apis}
+    bench = {a.key: a for a in b.apis} if b is not None else {}
+    out = DumpJudgement(d.source, str(dev), factor=factor)
+    seen = set()
+    produced: set = set()  # floating dtypes the device's calls produced so far
+    for a in d.apis:
+        if a.key in seen:
+            continue
+        if a.direction == "forward":
+            bkey = records.api_key(a.api_type, a.api_name, a.call_index, "backward")
+            bwd = index.get(bkey)
+            bench_fwd = bench.get((pairs or {}).get(a.key, a.key)) if bench else None
+            recs = [a] + ([bwd] if bwd is not None else [])
+            try:
+                vs = _judge_call(a, bwd, bench_fwd, dev, factor, produced)
+            except ReplayRefused as exc:
+                vs = [_verdict(r, Status.NOT_JUDGED, f"not replayed: {exc}") for r in recs]
+            except (ReplayError, NotReplayable, LookupError, ValueError, OSError, RuntimeError, TypeError) as exc:
+                vs = [_verdict(r, Status.NOT_JUDGED, f"could not replay: {exc}"[:300]) for r in recs]
+            for r in recs:
+                seen.add(r.key)
+            produced.update(t.dtype for t in a.tensors if t.io == "output" and _is_float(t.dtype))
+            out.verdicts.extend(vs)
+        else:
+            fkey = records.api_key(a.api_type, a.api_name, a.call_index, "forward")
+            if fkey not in index:
+                seen.add(a.key)
+                out.verdicts.append(_verdict(a, Status.NOT_JUDGED, "its forward call was not recorded"))
+    order = {a.key: (a.order, i) for i, a in enumerate(d.apis)}
+    out.verdicts.sort(key=lambda v: order.get(v.api, (v.order, 0)))
+    out.seconds = time.perf_counter() - t0
+    if progress is not None:
+        progress(out.summary())
+    return out

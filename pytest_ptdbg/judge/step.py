@@ -1,0 +1,348 @@
+"""The default judgement of a compared step: unusable data, or a root cause. No torch.
+
+A step fails (:func:`judge_step`) iff
+
+* its data are unusable: ``problems`` (an unreadable or cut-short dump...) or ``_unusable`` rows
+  of the compare table (a call or tensor on one side only that the compare stage did not classify
+  as bookkeeping, a missing file, a changed shape); or
+* there is a **root cause** (:class:`Cause`):
+
+  - ``OVER_BUDGET`` / ``NONFINITE``: the device's own error on its own recorded inputs is over its
+    budget, or it has a NaN/Inf the replay of the same inputs does not produce
+    (:func:`pytest_ptdbg.judge.own_error.judge_dump`);
+  - ``CHANGED_ARGUMENT``: a non-tensor argument differs (the table's ``_arg_changed`` rows, whose
+    ``Err_message`` names both values; without that column, the judge's own comparison of the two
+    recorded calls);
+  - ``ONE_SIDED``: a value-changing call on one side only (``_code_path == "value-changing"``);
+    a call on one side only that nobody classified is ``UNPAIRED`` (and its rows are unusable).
+    Without the ``_code_path`` column, an NPU-side call whose every output equals one of its
+    inputs value for value (the replay judgement's ``passes_through``: a cast that loses nothing,
+    a copy) is bookkeeping;
+  - ``STATISTICS``: with no full tensors to replay, an API whose statistics differ from the bench
+    far more than its inputs' do and than its dtype's rounding explains (:func:`statistics_causes`;
+    localisation is weaker, and the judgement says how to re-dump the suspects in full).
+
+Root causes are ranked in execution order (the earliest first). The table's ``_arg_changed`` and
+``_code_path`` columns are read defensively: a table without them is judged without them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from pytest_ptdbg.format.text import TextEnum, fmt_error
+
+__all__ = ["Cause", "RootCause", "StepJudgement", "judge_step", "statistics_causes", "rescan_hint",
+           "STAT_FACTOR", "STAT_FLOOR_UNITS"]
+
+#: statistics-only: an output's statistic error must exceed this many times its inputs' ...
+STAT_FACTOR = 10.0
+#: ... and this many units of rounding of its lowest-precision dtype
+STAT_FLOOR_UNITS = 8.0
+
+
+class Cause(TextEnum):
+    """Why a call is a root cause."""
+
+    OVER_BUDGET = "own error over budget"
+    NONFINITE = "NaN/Inf origin"
+    CHANGED_ARGUMENT = "changed argument"
+    ONE_SIDED = "value-changing call on one side only"
+    UNPAIRED = "call on one side only"
+    STATISTICS = "own error by statistics"
+
+
+@dataclass
+class RootCause:
+    """One root cause of a failing step."""
+
+    api: str                 # API key with direction (``Functional_softmax_1_forward``)
+    direction: str
+    cause: Cause
+    detail: str
+    order: int = 0
+    row: int = -1            # first table row of the call (-1: none)
+    family: str = ""
+    ratio: float = math.nan  # own error / budget (replay) or growth (statistics)
+    own_error: float = math.nan
+    budget: float = math.nan
+    side: str = "NPU"        # "NPU" or "bench" (one-sided calls)
+    ctx: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = {k: getattr(self, k) for k in ("api", "direction", "detail", "order", "row", "family", "side", "ctx")}
+        d["cause"] = self.cause.value
+        for k in ("ratio", "own_error", "budget"):
+            v = getattr(self, k)
+            d[k] = None if v is None or not math.isfinite(v) else float(v)
+        return d
+
+
+@dataclass
+class StepJudgement:
+    """The verdict of one compared step and what it rests on."""
+
+    passed: bool
+    root_causes: List[RootCause] = field(default_factory=list)
+    unusable: List[str] = field(default_factory=list)
+    #: the replay judgement of the device dump (None: no full tensors, or replay off)
+    replay: Any = None
+    by_statistics: bool = False
+    rescan: str = ""
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def first(self) -> Optional[RootCause]:
+        return self.root_causes[0] if self.root_causes else None
+
+    def text(self) -> str:
+        lines = []
+        if self.passed:
+            lines.append("Judgement: PASSED (no root cause, every datum usable)")
+        else:
+            lines.append(f"Judgement: FAILED ({len(self.root_causes)} root cause(s), "
+                         f"{len(self.unusable)} unusable datum/data)")
+        for r in self.root_causes[:10]:
+            lines.append(f"  - {r.api} [{r.cause}] {r.detail}")
+        for u in self.unusable[:5]:
+            lines.append(f"  - unusable: {u}")
+        if self.replay is not None:
+            lines.append(self.replay.text().rstrip("\n"))
+        if self.by_statistics:
+            lines.append("  Statistics only: no full tensors to replay, so root causes are judged from "
+                         "max/min/mean/norm differences against the inputs' and the dtype's; "
+                         "localisation is weaker.")
+        if self.rescan:
+            lines.append(f"  To localise by replay, re-dump the suspects in full: {self.rescan}")
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"passed": self.passed, "root_causes": [r.to_dict() for r in self.root_causes],
+                "unusable": list(self.unusable), "by_statistics": self.by_statistics,
+                "rescan": self.rescan,
+                "replay": self.replay.to_dict() if self.replay is not None else None}
+
+
+# ----------------------------------------------------------------------------------- columns
+
+
+def _col(table: pd.DataFrame, name: str, default: Any) -> np.ndarray:
+    if name in table.columns:
+        return table[name].to_numpy()
+    return np.array([default] * len(table), dtype=object)
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, str):
+        return v.strip().lower() in ("true", "1", "yes")
+    try:
+        return bool(v) and not (isinstance(v, float) and math.isnan(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _num(table: pd.DataFrame, name: str) -> np.ndarray:
+    if name not in table.columns:
+        return np.full(len(table), np.nan)
+    return pd.to_numeric(table[name], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+
+
+def _side(api: str, bench_api: str, npu_name: str) -> str:
+    return "NPU" if (npu_name and npu_name.lower() not in ("nan", "n/a", "")) else "bench"
+
+
+# ----------------------------------------------------------------------------------- judging
+
+
+def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
+               statistics: bool = True) -> StepJudgement:
+    """The step's verdict (module docstring). ``replay``: the device dump's
+    :class:`~pytest_ptdbg.judge.own_error.DumpJudgement` or None; ``statistics``: judge by
+    statistics when there is no replay judgement."""
+    n = len(table)
+    apis = _col(table, "_api", "").astype(str)
+    direction = _col(table, "_direction", "").astype(str)
+    order = pd.to_numeric(pd.Series(_col(table, "_order", -1)), errors="coerce").fillna(-1).to_numpy()
+    family = _col(table, "_family", "").astype(str)
+    paired = np.array([_bool(x) for x in _col(table, "_paired", True)], dtype=bool)
+    unusable = np.array([_bool(x) for x in _col(table, "_unusable", False)], dtype=bool)
+    arg_changed = np.array([_bool(x) for x in _col(table, "_arg_changed", False)], dtype=bool)
+    code_path = np.array(["" if x is None or (isinstance(x, float) and math.isnan(x)) else str(x)
+                          for x in _col(table, "_code_path", "")], dtype=object)
+    has_code_path = "_code_path" in table.columns
+    has_arg_col = "_arg_changed" in table.columns
+    msg = _col(table, "Err_message", "").astype(str)
+    npu_name = _col(table, "NPU Name", "").astype(str)
+    ctx = _col(table, "_ctx", "").astype(str)
+
+    verdicts = replay.by_api() if replay is not None else {}
+    first_row: Dict[str, int] = {}
+    for i in range(n):
+        first_row.setdefault(apis[i], i)
+    causes: Dict[str, RootCause] = {}
+
+    def add(rc: RootCause) -> None:
+        if rc.api not in causes:
+            causes[rc.api] = rc
+
+    bad_rows: List[str] = []
+    for i in range(n):
+        if arg_changed[i]:
+            add(RootCause(apis[i], direction[i], Cause.CHANGED_ARGUMENT, msg[i] or "a non-tensor argument differs",
+                          int(order[i]), first_row.get(apis[i], i), family[i], ctx=ctx[i]))
+            continue
+        if paired[i]:
+            if unusable[i]:
+                bad_rows.append(f"CSV line {i + 2}: {apis[i]}: {msg[i] or 'unusable'}")
+            continue
+        cp = code_path[i].strip().lower()
+        side = _side(apis[i], "", npu_name[i])
+        if not has_code_path and side == "NPU":
+            # nobody classified it: the replay's view of the device's own call decides
+            v = verdicts.get(apis[i])
+            if v is not None and v.passes_through:
+                cp = "bookkeeping"
+        if cp == "bookkeeping":
+            continue
+        if cp == "value-changing":
+            add(RootCause(apis[i], direction[i], Cause.ONE_SIDED, f"only on the {side} side, and it changes values",
+                          int(order[i]), first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i]))
+            continue
+        if unusable[i] or not has_code_path:
+            add(RootCause(apis[i], direction[i], Cause.UNPAIRED, f"only on the {side} side"
+                          + ("" if has_code_path else " (not classified)"),
+                          int(order[i]), first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i]))
+            bad_rows.append(f"CSV line {i + 2}: {apis[i]}: {msg[i] or 'on one side only'}")
+
+    if replay is not None:
+        for v in replay.verdicts:
+            row = first_row.get(v.api, -1)
+            if str(v.status) == "root cause":
+                add(RootCause(v.api, v.direction, Cause.NONFINITE if v.nonfinite else Cause.OVER_BUDGET,
+                              v.text().split(": ", 1)[-1], v.order, row, v.family, v.ratio, v.own_error,
+                              v.budget, ctx=v.ctx))
+            if v.changed_args and not has_arg_col:
+                add(RootCause(v.api, v.direction, Cause.CHANGED_ARGUMENT, "; ".join(v.changed_args),
+                              v.order, row, v.family, ctx=v.ctx))
+    by_stats = False
+    if replay is None and statistics and n:
+        by_stats = True
+        for rc in statistics_causes(table):
+            add(rc)
+
+    def key(rc: RootCause) -> tuple:
+        row = rc.row if rc.row >= 0 else first_row.get(rc.api, n)
+        return (row, rc.side != "NPU")
+
+    ranked = sorted(causes.values(), key=key)
+    unusable_all = list(problems) + bad_rows
+    j = StepJudgement(not ranked and not unusable_all, ranked, unusable_all, replay, by_stats)
+    if by_stats and ranked:
+        j.rescan = rescan_hint([r.api for r in ranked if r.side == "NPU"][:5])
+    return j
+
+
+def rescan_hint(apis: Sequence[str]) -> str:
+    """The ``configure_hook`` call that re-dumps ``apis`` (API keys) in full, both directions."""
+    from pytest_ptdbg.format import records
+
+    scope = []
+    for a in apis:
+        try:
+            p = records.parse_name(a)
+            s = f"{p.api_type}_{p.api_name}_{p.call_index}_"
+        except ValueError:
+            s = a
+        if s not in scope:
+            scope.append(s)
+    if not scope:
+        return ""
+    return f'debugger.configure_hook(mode="list", scope={scope!r}, summary_only=False)'
+
+
+# ----------------------------------------------------------------------------------- statistics
+
+
+def _unit(dtype: str) -> float:
+    from pytest_ptdbg.judge.budget import unit_roundoff
+
+    return unit_roundoff(dtype)
+
+
+def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
+                      floor_units: float = STAT_FLOOR_UNITS) -> List[RootCause]:
+    """Root causes from statistics alone (summary compare, or full compare without replay).
+
+    A tensor's error is the largest of its |max|, |min|, |mean| differences over the bench's range
+    max(|max|, |min|) and its relative L2-norm difference. A call is a root cause when an output's
+    error exceeds ``factor`` x the largest error among its inputs (backward: also the forward
+    tensors of the same call) and ``floor_units`` units of rounding of the lowest-precision dtype
+    among its tensors; or when an output has NaN/Inf (counts) where neither its inputs nor the
+    bench's output have.
+    """
+    n = len(table)
+    if not n:
+        return []
+    apis = table["_api"].astype(str).to_numpy()
+    io = _col(table, "_io", "").astype(str)
+    direction = _col(table, "_direction", "").astype(str)
+    order = pd.to_numeric(pd.Series(_col(table, "_order", -1)), errors="coerce").fillna(-1).to_numpy()
+    family = _col(table, "_family", "").astype(str)
+    paired = np.array([_bool(x) for x in _col(table, "_paired", True)], dtype=bool)
+    ctx = _col(table, "_ctx", "").astype(str)
+    scale = np.fmax(np.abs(_num(table, "Bench max")), np.abs(_num(table, "Bench min")))
+    diffs = np.fmax(np.fmax(np.abs(_num(table, "Max diff")), np.abs(_num(table, "Min diff"))),
+                    np.abs(_num(table, "Mean diff")))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        err = np.where(scale > 0, diffs / scale, np.where(diffs > 0, 1.0, 0.0))
+        norm = np.abs(_num(table, "L2norm diff")) / np.abs(_num(table, "Bench l2norm")) \
+            if "Bench l2norm" in table.columns else np.full(n, np.nan)
+    err = np.fmax(err, norm)
+    rel = np.abs(_num(table, "_rel_l2"))
+    err = np.fmax(err, np.where(np.isinf(rel), 1.0, rel))
+    err = np.where(np.isnan(err), 0.0, err)
+    nn = _num(table, "_npu_nonfinite")
+    bn = _num(table, "_bench_nonfinite")
+    dts = [str(a) + "|" + str(b) for a, b in zip(_col(table, "NPU Tensor Dtype", ""), _col(table, "Bench Tensor Dtype", ""))]
+
+    per: Dict[str, Dict[str, Any]] = {}
+    for i in range(n):
+        if not paired[i]:
+            continue
+        v = per.setdefault(apis[i], dict(inp=0.0, out=0.0, out_row=i, nan_in=False, nan_out=False,
+                                         u=_unit("torch.float32"), row=i))
+        v["u"] = max([v["u"]] + [_unit(d) for d in dts[i].split("|") if "float" in d])
+        if io[i] == "output":
+            if err[i] > v["out"]:
+                v["out"], v["out_row"] = float(err[i]), i
+            if (nn[i] or 0) > 0 and not (bn[i] or 0) > 0:
+                v["nan_out"] = True
+        else:
+            v["inp"] = max(v["inp"], float(err[i]))
+            v["nan_in"] = v["nan_in"] or (nn[i] or 0) > 0
+    for api, v in per.items():  # backward formulas read the forward tensors of the same call
+        if api.endswith("_backward"):
+            f = per.get(api[: -len("_backward")] + "_forward")
+            if f is not None:
+                v["inp"] = max(v["inp"], f["inp"], f["out"])
+                v["nan_in"] = v["nan_in"] or f["nan_in"] or f["nan_out"]
+    out: List[RootCause] = []
+    for api, v in per.items():
+        i = v["row"]
+        if v["nan_out"] and not v["nan_in"]:
+            out.append(RootCause(api, direction[i], Cause.NONFINITE, "NaN/Inf appears here (statistics)",
+                                 int(order[i]), i, family[i], math.inf, ctx=ctx[i]))
+            continue
+        bound = max(factor * v["inp"], floor_units * v["u"])
+        if v["out"] > bound:
+            out.append(RootCause(api, direction[i], Cause.STATISTICS,
+                                 f"statistics off by {fmt_error(v['out'])} with inputs off by "
+                                 f"{fmt_error(v['inp'])} (bound {fmt_error(bound)})",
+                                 int(order[i]), i, family[i], v["out"] / bound, v["out"], bound, ctx=ctx[i]))
+    return out
