@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     ws = runner.Workspace(root)
     fres, cres = [], []
     hdr = (f"{'case':38s} {'arch':9s} {'dev':4s} {'planted':6s} {'size':>6s} {'expected':34s} "
-           f"{'first suspect':38s} {'hit':4s} {'stats':5s} {'pass':4s} {'s':>5s}")
+           f"{'first suspect':38s} {'hit':4s} {'stats':5s} {'pass':4s} {'ratio':>7s} {'s':>5s}")
     print(hdr)
     print("-" * len(hdr))
     try:
@@ -97,14 +97,14 @@ def main(argv=None) -> int:
                 stats = "n/a" if (r.below_resolution or r.plant_error) else ("yes" if r.stats_hit else "no")
                 size = f"{_fmt(r.e1)}"
                 print(f"{r.fault:38s} {r.arch:9s} {dev:4s} {where:6s} {size:>6s} {exp[:34]:34s} {sus[:38]:38s} "
-                      f"{hit:4s} {stats:5s} {_yn(r.passed):4s} {r.seconds:5.1f}", flush=True)
+                      f"{hit:4s} {stats:5s} {_yn(r.passed):4s} {_fmt(r.ratio):>7s} {r.seconds:5.1f}", flush=True)
         if clean:
             print()
-            print(f"{'clean pair':38s} {'arch':9s} {'dev':4s} {'what':38s} {'passed':6s} {'stats':5s} first suspect")
+            print(f"{'clean pair':38s} {'arch':9s} {'dev':4s} {'what':38s} {'passed':6s} {'stats':5s} root causes")
         for c in clean:
             r = runner.run_clean(c, ws)
             cres.append(r)
-            extra = f"ERROR {r.error}" if r.error else (r.suspect or "(none)")
+            extra = f"ERROR {r.error}" if r.error else ("; ".join(r.root_causes[:2]) or "(no root cause)")
             print(f"{r.case:38s} {r.arch:9s} {r.device:4s} {r.what[:38]:38s} {_yn(r.passed):6s} "
                   f"{_yn(r.stats_passed):5s} {extra}", flush=True)
     finally:
@@ -146,6 +146,28 @@ def main(argv=None) -> int:
     print(f"false alarms on clean pairs (passed False): {rate(fa, len(cres))}; clean pairs naming a suspect: "
           f"{rate(named, len(cres))}")
     print(f"stats-only false alarms: {rate(sfa, len(cres))}")
+    clean_ratios = [r.max_ratio for r in cres if r.max_ratio == r.max_ratio]
+    fault_ratios = [r.ratio for r in scored if r.ratio == r.ratio]
+    if clean_ratios:
+        worst = max(cres, key=lambda r: r.max_ratio if r.max_ratio == r.max_ratio else -1)
+        print(f"largest own-error/budget over clean calls: {max(clean_ratios):.3g} ({worst.case})")
+    if fault_ratios:
+        low = min((r for r in scored if r.ratio == r.ratio), key=lambda r: r.ratio)
+        print(f"smallest own-error/budget over planted calls judged by replay: {low.ratio:.3g} ({low.case}); "
+              f"planted calls found by another cause (argument, code path): "
+              f"{sum(1 for r in scored if r.ratio != r.ratio or r.ratio <= 1)}")
+    unj: dict = {}
+    for r in list(fres) + list(cres):
+        for item in r.not_judged:
+            api, _, why = item.partition(": ")
+            unj.setdefault(why.split(" (")[0][:60], set()).add(api)
+    n_unj = sum(len(v) for v in unj.values())
+    print(f"calls not judged by replay (distinct keys over all cases): {n_unj}"
+          + ("; " + "; ".join(f"{why}: {len(v)} ({', '.join(sorted(v)[:3])}{' ...' if len(v) > 3 else ''})"
+                              for why, v in sorted(unj.items(), key=lambda x: -len(x[1]))) if unj else ""))
+    rs = [r.replay_seconds for r in list(fres) + list(cres) if r.replay_seconds]
+    if rs:
+        print(f"replay time per compare: median {sorted(rs)[len(rs) // 2]:.2f} s, max {max(rs):.2f} s")
     print(f"time: {total:.0f} s")
     if a.out:
         with open(a.out, "w", encoding="utf-8") as fh:

@@ -70,6 +70,16 @@ def _suspect(result: Any) -> Tuple[str, str, str]:
     return api, s.direction, s.kind
 
 
+def _replay_facts(result: Any) -> Tuple[float, List[str], Dict[str, float]]:
+    """(replay seconds, not-judged calls as "key: reason", {call key: own error / budget})."""
+    j = getattr(result, "judgement", None)
+    rep = getattr(j, "replay", None)
+    if rep is None:
+        return 0.0, [], {}
+    return (rep.seconds, [f"{v.api}: {v.reason}" for v in rep.not_judged],
+            {v.api: v.ratio for v in rep.judged})
+
+
 def _compare(npu: str, bench: str, out: str, summary: bool) -> Any:
     param = {"npu_pkl_path": dumps.pkl_path(npu), "bench_pkl_path": dumps.pkl_path(bench),
              "is_print_compare_log": False}
@@ -106,6 +116,12 @@ class FaultResult:
     stats_suspect: str = ""
     stats_suspect_direction: str = ""
     stats_hit: bool = False
+    #: the planted call's own error / budget in the default judgement (inf: NaN/Inf origin)
+    ratio: float = float("nan")
+    #: the root cause the judgement names for the planted call ("" none)
+    cause: str = ""
+    replay_seconds: float = 0.0
+    not_judged: List[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -156,6 +172,11 @@ def run_fault(fault: Fault, device: str, ws: Workspace, keep: bool = False) -> F
             res.passed = bool(full.passed)
             res.suspect, res.suspect_direction, res.suspect_kind = _suspect(full)
             res.hit = res.suspect == res.expected and res.suspect_direction == res.direction
+            res.replay_seconds, res.not_judged, ratios = _replay_facts(full)
+            key = f"{res.expected}_{res.direction}"
+            res.ratio = ratios.get(key, float("nan"))
+            causes = {c.api: str(c.cause) for c in getattr(full.judgement, "root_causes", [])}
+            res.cause = causes.get(key, "")
             stats = _compare(os.path.join(out, "dump"), bench, os.path.join(out, "cmp_s"), True)
             res.stats_passed = bool(stats.passed)
             res.stats_suspect, res.stats_suspect_direction, _ = _suspect(stats)
@@ -183,6 +204,11 @@ class CleanResult:
     stats_passed: Optional[bool] = None
     stats_suspect: str = ""
     error: str = ""
+    #: the largest own error / budget over the pair's judged calls
+    max_ratio: float = float("nan")
+    replay_seconds: float = 0.0
+    not_judged: List[str] = field(default_factory=list)
+    root_causes: List[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -211,6 +237,10 @@ def run_clean(pair: CleanPair, ws: Workspace) -> CleanResult:
         res.passed = bool(full.passed)
         api, d, kind = _suspect(full)
         res.suspect, res.suspect_kind = (f"{api} {d}" if api else ""), kind
+        res.replay_seconds, res.not_judged, ratios = _replay_facts(full)
+        finite = [r for r in ratios.values() if r == r]
+        res.max_ratio = max(finite) if finite else float("nan")
+        res.root_causes = [f"{c.api} [{c.cause}]" for c in getattr(full.judgement, "root_causes", [])]
         stats = _compare(dev, bench, os.path.join(out, "cmp_s"), True)
         res.stats_passed = bool(stats.passed)
         api, d, _ = _suspect(stats)

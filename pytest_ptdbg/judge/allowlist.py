@@ -393,6 +393,7 @@ _TENSOR: Dict[str, Resolver] = {
     "triu": lambda: torch.Tensor.triu,
     "clone": lambda: torch.Tensor.clone,
     "detach": lambda: torch.Tensor.detach,
+    "type": lambda: torch.Tensor.type,
     "type_as": lambda: torch.Tensor.type_as,
     "float": lambda: torch.Tensor.float,
     "double": lambda: torch.Tensor.double,

@@ -7,10 +7,11 @@ For one output tensor of one call, replayed from the device's recorded inputs:
 * own error = ‖device − oracle‖₂; reference error = ‖reference − oracle‖₂ (over the elements
   finite in all three).
 * budget = max(FACTOR × reference error, floor), floor = FLOOR_UNITS × u × max(‖oracle‖₂,
-  s_in × √n), where u is the unit roundoff of the compute dtype and s_in the smallest RMS among the
-  call's floating inputs (a correct kernel's result is never more exact than one rounding at the
+  s_in × √n) (none when the reference reproduces the oracle exactly: the result is representable
+  and a correct kernel gives it exactly), where u is the unit roundoff of the compute dtype and
+  s_in the smallest RMS among the call's floating inputs (a correct kernel's result is never more exact than one rounding at the
   scale of what it was computed from: a mathematically-zero bias gradient of ~1e-11 is judged
-  against its inputs' scale, not by its relative error).
+  against its inputs' scale, not by its relative error; ``finfo.min`` mask values are not data).
 * the call is a root cause for this output when own error > budget, or when the device has NaN/Inf
   that neither the reference nor the oracle has at the same places (``masked_fill(-inf)`` and
   causal masks produce them in every replay too).
@@ -40,6 +41,17 @@ _UNIT = {"torch.float64": 2.0 ** -53, "torch.float32": 2.0 ** -24, "torch.bfloat
          "torch.float8_e4m3fn": 2.0 ** -4, "torch.float8_e5m2": 2.0 ** -3}
 
 
+_TINY = {"torch.float16": 2.0 ** -14, "torch.bfloat16": 2.0 ** -126, "torch.float32": 2.0 ** -126,
+         "torch.float64": 2.0 ** -1022}
+
+
+def subnormal_spacing(dtype: str) -> float:
+    """The spacing of a dtype's subnormal numbers (smallest normal x 2u): the absolute rounding
+    of values below its normal range (float16: 6e-8)."""
+    name = dtype if str(dtype).startswith("torch.") else f"torch.{dtype}"
+    return _TINY.get(name, 2.0 ** -126) * 2 * unit_roundoff(name)
+
+
 def unit_roundoff(dtype: str) -> float:
     """Unit roundoff u = eps / 2 of a torch dtype name (``"torch.bfloat16"`` -> 2**-8); float32's
     for anything unknown."""
@@ -47,10 +59,15 @@ def unit_roundoff(dtype: str) -> float:
     return _UNIT.get(name, 2.0 ** -24)
 
 
+#: magnitudes at or above this are masks (``torch.finfo(dtype).min`` fills), not data
+SENTINEL = 1e30
+
+
 def rms(a: np.ndarray) -> float:
-    """Root mean square over the finite elements (0.0 for none)."""
+    """Root mean square over the finite elements below :data:`SENTINEL` in magnitude (0.0 for
+    none): the scale of a tensor's data, not of the ``finfo.min`` values masking it."""
     a = np.asarray(a, dtype=np.float64).ravel()
-    a = a[np.isfinite(a)]
+    a = a[np.isfinite(a) & (np.abs(a) < SENTINEL)]
     return float(np.sqrt(np.mean(a * a))) if a.size else 0.0
 
 
@@ -117,7 +134,9 @@ def check_output(key: str, device: np.ndarray, oracle: np.ndarray, reference: np
     ref = float(np.linalg.norm((r - o).ravel()))
     scale = float(np.linalg.norm(o.ravel()))
     u = unit_roundoff(dtype)
-    floor = floor_units * u * max(scale, input_rms * math.sqrt(max(d.size, 1)))
+    # a reference that reproduces the oracle exactly (getitem, cat, relu, an exact cast) means the
+    # result is representable: a correct kernel gives it exactly, so there is no floor
+    floor = floor_units * u * max(scale, input_rms * math.sqrt(max(d.size, 1))) if ref > 0 else 0.0
     budget = max(factor * ref, floor)
     return OutputCheck(key, math.inf if origin else own, ref, budget, scale, origin,
                        "NaN/Inf where the reference replay has none" if origin else "")
@@ -172,7 +191,8 @@ def check_dropout(key: str, produced: np.ndarray, source: np.ndarray, p: float, 
         wrong = np.count_nonzero(out != 0)
     else:
         kept = src / (1.0 - p)
-        tol = 4 * unit_roundoff(dtype) * np.abs(kept) + 4 * unit_roundoff(dtype) * np.abs(src)
+        tol = (4 * unit_roundoff(dtype) * (np.abs(kept) + np.abs(src))
+               + 4 * subnormal_spacing(dtype))  # values below the normal range round absolutely
         ok = (out == 0) | (np.abs(out - kept) <= tol) | (np.isnan(out) & np.isnan(src))
         wrong = np.count_nonzero(~ok)
     return OutputCheck(key, float(wrong), 0.0, 0.0, float(out.size),

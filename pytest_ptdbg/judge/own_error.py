@@ -222,7 +222,8 @@ def _dtypes_of(spec: Mapping[str, Any]) -> List[Tuple[str, str]]:
 
 def lowered_precision(device_spec: Mapping[str, Any], bench_spec: Mapping[str, Any], seen: Sequence[str]) -> List[str]:
     """Dtype arguments that make the device's call compute in a lower precision than the bench's,
-    in a precision none of the device's earlier calls produced (``seen``): ``"dtype: torch.float16
+    given on the device's side only (``mean(x, dtype=torch.bfloat16)`` against ``mean(x)``), or in
+    a precision none of the device's earlier calls produced (``seen``): ``"dtype: torch.float16
     vs torch.float32"``. A dtype that follows the data (``x.to(v.dtype)`` under autocast, where
     earlier calls already computed in it) is not a change."""
     bench = dict(_dtypes_of(bench_spec))
@@ -231,9 +232,12 @@ def lowered_precision(device_spec: Mapping[str, Any], bench_spec: Mapping[str, A
         other = bench.get(where)
         if other is None:
             other = "torch.float32" if where not in bench else other
-        if _is_float(dt) and B.unit_roundoff(dt) > B.unit_roundoff(other) and dt not in seen:
-            out.append(f"{where}: {dt} vs {other if where in bench else 'not given'} (a precision no "
-                       "earlier call computed in)")
+        if not _is_float(dt) or B.unit_roundoff(dt) <= B.unit_roundoff(other):
+            continue
+        if where not in bench:  # a line of code that asks for it: a change, whatever came before
+            out.append(f"{where}: {dt} vs not given (a lower precision asked for on one side only)")
+        elif dt not in seen:
+            out.append(f"{where}: {dt} vs {other} (a precision no earlier call computed in)")
     return out
 
 
@@ -466,6 +470,32 @@ def _dropout(call: _Call, spec: dict, special: NJ.Special, fwd: reader.ApiRec,
 
 def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
                 dev: Any, factor: float, seen: Sequence[str] = ()) -> List[CallVerdict]:
+    """The verdicts of one call (forward, and backward when recorded); never raises for the call.
+    ``passes_through`` comes from the recorded data alone, so it is set even when not replayed."""
+    recs = [r for r in (fwd, bwd) if r is not None]
+    try:
+        call: Optional[_Call] = _Call(fwd, bwd)
+    except (ValueError, OSError) as exc:
+        call = None
+        vs = [_verdict(r, Status.NOT_JUDGED, f"could not read its data: {exc}"[:300]) for r in recs]
+    if call is not None:
+        try:
+            vs = _replay_call(call, fwd, bwd, bench_fwd, dev, factor, seen)
+        except ReplayRefused as exc:
+            vs = [_verdict(r, Status.NOT_JUDGED, f"not replayed: {exc}") for r in recs]
+        except (ReplayError, NotReplayable, LookupError, ValueError, OSError, RuntimeError, TypeError) as exc:
+            vs = [_verdict(r, Status.NOT_JUDGED, f"could not replay: {exc}"[:300]) for r in recs]
+        for v in vs:
+            if v.direction == "forward":
+                v.passes_through = _passes_through(call, call.keys("output."), call.keys("input."))
+            else:
+                v.passes_through = _passes_through(call, call.keys("backward_output."),
+                                                   call.keys("backward_input."), rounded=True)
+    return vs
+
+
+def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
+                 dev: Any, factor: float, seen: Sequence[str] = ()) -> List[CallVerdict]:
     from pytest_ptdbg.judge.runner import resolve_api
 
     recs = [r for r in (fwd, bwd) if r is not None]
@@ -480,7 +510,6 @@ def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Opt
         if p is None or p != 0.0:
             return [_verdict(r, Status.NOT_JUDGED, f"random (dropout_p={p}) without a recorded generator state")
                     for r in recs]
-    call = _Call(fwd, bwd)
     if special is not None and special.treatment == NJ.Treatment.DROPOUT:
         return _dropout(call, spec, special, fwd, bwd)
     needed = _tensor_refs(spec)
@@ -543,12 +572,8 @@ def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Opt
     for v in out:
         if v.status == Status.ROOT_CAUSE and not v.nonfinite and compute in ("torch.float32", "torch.float64"):
             v.matches_dtype = _matching_precision(func, fwd.key, use, call, dev, backward, orc, v.worst)
-    out[0].passes_through = _passes_through(call, call.keys("output."), call.keys("input."))
     if bwd is not None:
-        if backward:
-            out[-1].passes_through = _passes_through(call, call.keys("backward_output."),
-                                                     call.keys("backward_input."), rounded=True)
-        else:
+        if not backward:
             out.append(_verdict(bwd, Status.NOT_JUDGED, "no recorded incoming or produced gradient", **extra))
     return out
 
@@ -615,12 +640,7 @@ def judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump,
             bwd = index.get(bkey)
             bench_fwd = bench.get((pairs or {}).get(a.key, a.key)) if bench else None
             recs = [a] + ([bwd] if bwd is not None else [])
-            try:
-                vs = _judge_call(a, bwd, bench_fwd, dev, factor, produced)
-            except ReplayRefused as exc:
-                vs = [_verdict(r, Status.NOT_JUDGED, f"not replayed: {exc}") for r in recs]
-            except (ReplayError, NotReplayable, LookupError, ValueError, OSError, RuntimeError, TypeError) as exc:
-                vs = [_verdict(r, Status.NOT_JUDGED, f"could not replay: {exc}"[:300]) for r in recs]
+            vs = _judge_call(a, bwd, bench_fwd, dev, factor, produced)
             for r in recs:
                 seen.add(r.key)
             produced.update(t.dtype for t in a.tensors if t.io == "output" and _is_float(t.dtype))

@@ -1,9 +1,10 @@
 """The diagnosis benchmark's instrument (``benchmarks/faults``): does it plant what it says?
 
-These test the harness, not today's judgement: a fault lands on exactly one recorded call of the
-planted API (below capture: that call's recorded inputs are the clean run's, its output or
-produced gradient is not; user code: the recorded call itself changed), and clean pairs agree
-with each other bit for bit where they should. The hit rate is printed, never asserted.
+Most of these test the harness: a fault lands on exactly one recorded call of the planted API
+(below capture: that call's recorded inputs are the clean run's, its output or produced gradient
+is not; user code: the recorded call itself changed), and clean pairs agree with each other bit
+for bit where they should. The last one runs the benchmark's ``--fast`` subset through the
+default judgement: every scored fault's first suspect is the planted call, no clean pair fails.
 """
 from __future__ import annotations
 
@@ -104,3 +105,23 @@ def test_runner_scores_one_fault_and_one_clean_pair(tmp_path):
     assert not c.error and c.passed is True  # identical runs: nothing to flag
     # today's judgement, for information only (the judgement is being rewritten)
     print(f"\n{r.case}: hit={r.hit} first suspect={r.suspect or '(none)'} passed={r.passed}")
+
+
+def test_fast_subset_default_judgement_names_every_planted_call(tmp_path):
+    ws = runner.Workspace(str(tmp_path / "ws"))
+    scored = []
+    for fid in registry.FAST_FAULTS:
+        for device in ("fp32", "bf16"):
+            r = runner.run_fault(FAULTS[fid], device, ws)
+            assert not r.plant_error, (r.case, r.plant_error)
+            if r.scored:
+                scored.append(r)
+                assert r.hit and r.passed is False, (r.case, r.expected, r.suspect, r.suspect_direction)
+    assert len(scored) >= 6  # forward, backward, NaN, argument and code-path faults, fp32 and bf16
+    assert any(r.where == "user code" for r in scored) and any(r.where == "below capture" for r in scored)
+    assert any(r.device == "bf16" for r in scored)
+    pairs = {c.id: c for c in registry.CLEAN_PAIRS}
+    for cid in registry.FAST_CLEAN:
+        c = runner.run_clean(pairs[cid], ws)
+        assert not c.error and c.passed is True, (c.case, c.root_causes)
+        assert c.max_ratio <= 1.0
