@@ -37,12 +37,14 @@ import pandas as pd
 from pytest_ptdbg.format.text import TextEnum, fmt_error
 
 __all__ = ["Cause", "RootCause", "StepJudgement", "judge_step", "statistics_causes", "rescan_hint",
-           "STAT_FACTOR", "STAT_FLOOR_UNITS"]
+           "STAT_FACTOR", "STAT_FLOOR_UNITS", "STAT_SIGNIFICANT"]
 
 #: statistics-only: an output's statistic error must exceed this many times its inputs' ...
 STAT_FACTOR = 10.0
-#: ... and this many units of rounding of its lowest-precision dtype
+#: ... and this many units of rounding of its lowest-precision dtype ...
 STAT_FLOOR_UNITS = 8.0
+#: ... and this share of its scale (below it, statistics cannot tell amplification from a fault)
+STAT_SIGNIFICANT = 1e-2
 
 
 class Cause(TextEnum):
@@ -182,6 +184,7 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
     ctx = _col(table, "_ctx", "").astype(str)
 
     verdicts = replay.by_api() if replay is not None else {}
+    stat_through = _stats_pass_through(table) if replay is None and not has_code_path else set()
     first_row: Dict[str, int] = {}
     for i in range(n):
         first_row.setdefault(apis[i], i)
@@ -206,7 +209,7 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
         if not has_code_path and side == "NPU":
             # nobody classified it: the replay's view of the device's own call decides
             v = verdicts.get(apis[i])
-            if v is not None and v.passes_through:
+            if (v is not None and v.passes_through) or apis[i] in stat_through:
                 cp = "bookkeeping"
         if cp == "bookkeeping":
             continue
@@ -248,6 +251,43 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
     return j
 
 
+def _stats_pass_through(table: pd.DataFrame) -> set:
+    """NPU-side one-sided calls whose every output has the statistics (max, min, mean, norm) of one
+    of its inputs: forward exactly (to float32's rounding of the statistics themselves: a cast to a
+    lower precision changes them), backward within two roundings of the output's dtype at its
+    range (the gradient of a lossless cast is the incoming gradient in the input's dtype): the
+    statistics-only stand-in for the replay judgement's ``passes_through``."""
+    if not len(table) or "NPU max" not in table.columns:
+        return set()
+    apis = table["_api"].astype(str).to_numpy()
+    io = _col(table, "_io", "").astype(str)
+    paired = np.array([_bool(x) for x in _col(table, "_paired", True)], dtype=bool)
+    names = _col(table, "NPU Name", "").astype(str)
+    dts = _col(table, "NPU Tensor Dtype", "").astype(str)
+    direction = _col(table, "_direction", "").astype(str)
+    st = np.stack([_num(table, f"NPU {k}") for k in ("max", "min", "mean", "l2norm")], axis=1)
+    groups: Dict[str, Dict[str, list]] = {}
+    for i in range(len(table)):
+        if paired[i] or not names[i] or names[i].lower() == "nan":
+            continue
+        groups.setdefault(apis[i], {"input": [], "output": []})[io[i] if io[i] == "output" else "input"].append(i)
+    out = set()
+    for api, g in groups.items():
+        if not g["output"] or not g["input"]:
+            continue
+
+        def same(o: int) -> bool:
+            scale = max(abs(st[o][0]), abs(st[o][1])) if np.isfinite(st[o][:2]).all() else 0.0
+            u = _unit(dts[o]) if direction[o] == "backward" else _unit("torch.float32")
+            tol = 2 * u * np.fmax(np.abs(st[o]), scale) + 1e-30
+            with np.errstate(invalid="ignore"):
+                return any(bool(np.all((np.abs(st[j] - st[o]) <= tol) | (st[j] == st[o]))) for j in g["input"])
+
+        if all(same(o) for o in g["output"]):
+            out.add(api)
+    return out
+
+
 def rescan_hint(apis: Sequence[str]) -> str:
     """The ``configure_hook`` call that re-dumps ``apis`` (API keys) in full, both directions."""
     from pytest_ptdbg.format import records
@@ -276,16 +316,21 @@ def _unit(dtype: str) -> float:
 
 
 def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
-                      floor_units: float = STAT_FLOOR_UNITS) -> List[RootCause]:
-    """Root causes from statistics alone (summary compare, or full compare without replay).
+                      floor_units: float = STAT_FLOOR_UNITS, significant: float = STAT_SIGNIFICANT) -> List[RootCause]:
+    """Root causes from statistics alone (summary compare, or a compare without replay).
 
-    A tensor's error is the largest of its |max|, |min|, |mean| differences over the bench's range
-    max(|max|, |min|) and its relative L2-norm difference. A call is a root cause when an output's
-    error exceeds ``factor`` x the largest error among its inputs (backward: also the forward
-    tensors of the same call) and ``floor_units`` units of rounding of the lowest-precision dtype
-    among its tensors; or when an output has NaN/Inf (counts) where neither its inputs nor the
-    bench's output have.
+    A tensor's error is the largest of its |max|, |min|, |mean| differences over a scale: the
+    larger of its bench range max(|max|, |min|) and its call's inputs' ranges (a near-zero result
+    such as a mathematically-zero bias gradient is judged at the scale it was computed from). A
+    call is a root cause when an output's error exceeds ``factor`` x the largest error among its
+    inputs (backward: also the forward tensors of the same call), ``floor_units`` roundings of its
+    lowest-precision dtype and ``significant`` (statistics cannot tell an ill-conditioned op, such
+    as AdamW's first step, from a faulty one below that); or when an output has NaN/Inf (counts)
+    where neither its inputs nor the bench's output have. Calls whose inputs' statistics are not
+    finite (masked with -inf), and the calls of :mod:`.not_judged`'s table, are not judged.
     """
+    from pytest_ptdbg.judge import not_judged as NJ
+
     n = len(table)
     if not n:
         return []
@@ -296,17 +341,15 @@ def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
     family = _col(table, "_family", "").astype(str)
     paired = np.array([_bool(x) for x in _col(table, "_paired", True)], dtype=bool)
     ctx = _col(table, "_ctx", "").astype(str)
-    scale = np.fmax(np.abs(_num(table, "Bench max")), np.abs(_num(table, "Bench min")))
+    rng = np.fmax(np.abs(_num(table, "Bench max")), np.abs(_num(table, "Bench min")))
+    npu_rng = np.fmax(np.abs(_num(table, "NPU max")), np.abs(_num(table, "NPU min")))
     diffs = np.fmax(np.fmax(np.abs(_num(table, "Max diff")), np.abs(_num(table, "Min diff"))),
                     np.abs(_num(table, "Mean diff")))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        err = np.where(scale > 0, diffs / scale, np.where(diffs > 0, 1.0, 0.0))
-        norm = np.abs(_num(table, "L2norm diff")) / np.abs(_num(table, "Bench l2norm")) \
-            if "Bench l2norm" in table.columns else np.full(n, np.nan)
-    err = np.fmax(err, norm)
-    rel = np.abs(_num(table, "_rel_l2"))
-    err = np.fmax(err, np.where(np.isinf(rel), 1.0, rel))
-    err = np.where(np.isnan(err), 0.0, err)
+    if np.isnan(diffs).all():  # a full-compare table: the statistics differences from the stat columns
+        diffs = np.fmax(np.fmax(np.abs(_num(table, "NPU max") - _num(table, "Bench max")),
+                                np.abs(_num(table, "NPU min") - _num(table, "Bench min"))),
+                        np.abs(_num(table, "NPU mean") - _num(table, "Bench mean")))
+    finite = np.isfinite(diffs) & np.isfinite(rng) & np.isfinite(npu_rng)
     nn = _num(table, "_npu_nonfinite")
     bn = _num(table, "_bench_nonfinite")
     dts = [str(a) + "|" + str(b) for a, b in zip(_col(table, "NPU Tensor Dtype", ""), _col(table, "Bench Tensor Dtype", ""))]
@@ -315,34 +358,50 @@ def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
     for i in range(n):
         if not paired[i]:
             continue
-        v = per.setdefault(apis[i], dict(inp=0.0, out=0.0, out_row=i, nan_in=False, nan_out=False,
+        v = per.setdefault(apis[i], dict(ins=[], outs=[], nan_in=False, nan_out=False, unknown=False,
                                          u=_unit("torch.float32"), row=i))
         v["u"] = max([v["u"]] + [_unit(d) for d in dts[i].split("|") if "float" in d])
         if io[i] == "output":
-            if err[i] > v["out"]:
-                v["out"], v["out_row"] = float(err[i]), i
+            v["outs"].append(i)
             if (nn[i] or 0) > 0 and not (bn[i] or 0) > 0:
                 v["nan_out"] = True
         else:
-            v["inp"] = max(v["inp"], float(err[i]))
+            v["ins"].append(i)
             v["nan_in"] = v["nan_in"] or (nn[i] or 0) > 0
+            v["unknown"] = v["unknown"] or not finite[i]
     for api, v in per.items():  # backward formulas read the forward tensors of the same call
         if api.endswith("_backward"):
             f = per.get(api[: -len("_backward")] + "_forward")
             if f is not None:
-                v["inp"] = max(v["inp"], f["inp"], f["out"])
+                v["ins"] = v["ins"] + f["ins"] + f["outs"]
                 v["nan_in"] = v["nan_in"] or f["nan_in"] or f["nan_out"]
+                v["unknown"] = v["unknown"] or f["unknown"] or any(not finite[j] for j in f["outs"])
     out: List[RootCause] = []
     for api, v in per.items():
         i = v["row"]
+        sp = NJ.special_of(family[i])
+        if sp is not None and sp.treatment != NJ.Treatment.TIES:
+            continue
         if v["nan_out"] and not v["nan_in"]:
             out.append(RootCause(api, direction[i], Cause.NONFINITE, "NaN/Inf appears here (statistics)",
                                  int(order[i]), i, family[i], math.inf, ctx=ctx[i]))
             continue
-        bound = max(factor * v["inp"], floor_units * v["u"])
-        if v["out"] > bound:
+        if v["unknown"] or not v["outs"]:
+            continue
+        in_scale = max([float(rng[j]) for j in v["ins"] if finite[j]] or [0.0])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            def err(j: int, scale: float) -> float:
+                if not finite[j]:
+                    return 0.0
+                s_ = max(float(rng[j]), scale)
+                return float(diffs[j]) / s_ if s_ > 0 else (1.0 if diffs[j] > 0 else 0.0)
+
+            e_in = max([err(j, 0.0) for j in v["ins"]] or [0.0])
+            e_out = max(err(j, in_scale) for j in v["outs"])
+        bound = max(factor * e_in, floor_units * v["u"], significant)
+        if e_out > bound:
             out.append(RootCause(api, direction[i], Cause.STATISTICS,
-                                 f"statistics off by {fmt_error(v['out'])} with inputs off by "
-                                 f"{fmt_error(v['inp'])} (bound {fmt_error(bound)})",
-                                 int(order[i]), i, family[i], v["out"] / bound, v["out"], bound, ctx=ctx[i]))
+                                 f"statistics off by {fmt_error(e_out)} of their scale with inputs off by "
+                                 f"{fmt_error(e_in)} (bound {fmt_error(bound)})",
+                                 int(order[i]), i, family[i], e_out / bound, e_out, bound, ctx=ctx[i]))
     return out
