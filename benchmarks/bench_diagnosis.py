@@ -147,15 +147,17 @@ def main(argv=None) -> int:
           f"{rate(named, len(cres))}")
     print(f"stats-only false alarms: {rate(sfa, len(cres))}")
     clean_ratios = [r.max_ratio for r in cres if r.max_ratio == r.max_ratio]
-    fault_ratios = [r.ratio for r in scored if r.ratio == r.ratio]
+    by_replay = [r for r in scored if r.cause in ("own error over budget", "NaN/Inf origin") and r.ratio == r.ratio]
+    fault_ratios = [r.ratio for r in by_replay]
     if clean_ratios:
         worst = max(cres, key=lambda r: r.max_ratio if r.max_ratio == r.max_ratio else -1)
         print(f"largest own-error/budget over clean calls: {max(clean_ratios):.3g} ({worst.case})")
     if fault_ratios:
-        low = min((r for r in scored if r.ratio == r.ratio), key=lambda r: r.ratio)
-        print(f"smallest own-error/budget over planted calls judged by replay: {low.ratio:.3g} ({low.case}); "
-              f"planted calls found by another cause (argument, code path): "
-              f"{sum(1 for r in scored if r.ratio != r.ratio or r.ratio <= 1)}")
+        low = min(by_replay, key=lambda r: r.ratio)
+        print(f"smallest own-error/budget over planted calls over budget: {low.ratio:.3g} ({low.case}) of "
+              f"{len(by_replay)}; planted calls named by another cause (changed argument, code path): "
+              f"{sum(1 for r in scored if r not in by_replay and r.cause)}; not a root cause: "
+              f"{sum(1 for r in scored if not r.cause)}")
     unj: dict = {}
     for r in list(fres) + list(cres):
         for item in r.not_judged:

@@ -117,6 +117,10 @@ FAULTS: List[Fault] = [
     _below("vit-ln3-fwd-1e-1", "vit", "Functional_layer_norm", lambda: F.layer_norm, 3, "1e-1"),
     _below("t5-softmax2-fwd-nan", "t5", "Functional_softmax", lambda: F.softmax, 2, "nan"),
     _below("t5-mean1-fwd-1e-3", "t5", "Tensor_mean", lambda: T.mean, 1, "1e-3"),
+    _below("t5-pow0-bwd-1e-3", "t5", "Tensor_pow", lambda: T.pow, 0, "1e-3", "backward"),
+    _below("bert-ln2-fwd-1e-3", "bert", "Functional_layer_norm", lambda: F.layer_norm, 2, "1e-3"),
+    _below("bert-linear3-bwd-1e-3", "bert", "Functional_linear", lambda: F.linear, 3, "1e-3", "backward"),
+    _below("llama-ce-fwd-1e-3", "llama", "Functional_cross_entropy", lambda: F.cross_entropy, 0, "1e-3"),
     # -------------------------------------------------------------------------- user code
     _user("mlp-gelu-tanh", "mlp", "Functional_gelu", lambda: F.gelu, 0, "gelu tanh form",
           R.set_args(approximate="tanh")),
@@ -168,6 +172,10 @@ FAULTS: List[Fault] = [
           "softmax in fp16, no max subtraction", R.softmax_no_max(torch.float16)),
     _user("t5-rms3-eps", "t5", "Tensor_add", lambda: T.add, 3, "T5 RMSNorm eps 1e-6 -> 1e-4",
           R.replace_arg(1, 1e-4), match=_eq(1, 1e-6)),
+    _user("vit-gelu0-tanh", "vit", "Functional_gelu", lambda: F.gelu, 0, "gelu tanh form",
+          R.set_args(approximate="tanh")),
+    _user("t5-softmax1-bf16", "t5", "Functional_softmax", lambda: F.softmax, 1, "softmax in bf16",
+          R.softmax_in(torch.bfloat16)),
 ]
 
 CLEAN_PAIRS: List[CleanPair] = [
