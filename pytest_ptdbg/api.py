@@ -227,8 +227,6 @@ def _judge(npu: reader.Dump, bench: reader.Dump, table: pd.DataFrame, problems: 
             notes.append(f"replay check failed: {type(e).__name__}: {e}; judged from statistics")
     elif replay_check:
         notes.append("the NPU dump has no full tensors: judged from statistics (localisation is weaker)")
-    else:
-        notes.append("replay check off (replay_check=False): judged from statistics")
     return judge_step(table, problems, replay)
 
 

@@ -97,7 +97,7 @@ class Suspect:
 
     api: str
     direction: str
-    kind: Kind
+    kind: str  # a Kind value
     csv_line: int
     stack: Optional[list]
     input_error: float
@@ -113,7 +113,7 @@ class Suspect:
     #: (passes its own verdict, but creates the error that fails later), "sensitive" (a
     #: discontinuous op where a few elements flip on tiny input differences); inherited:
     #: "negligible" (fails the rule with an error at noise level)
-    role: Role = Role.NONE
+    role: str = ""  # a Role value
     #: the replay check's verdict ("own", "inherited", "unknown"; "" when not re-run)
     replay: str = ""
     #: a latent origin: the later call whose failure it explains
@@ -122,8 +122,19 @@ class Suspect:
     fault: str = ""
 
     def __post_init__(self) -> None:
-        self.kind = Kind(self.kind)
-        self.role = Role(self.role)
+        # validated by the enums, kept as their plain ``str`` values: suspects travel through
+        # JSON and xdist's execnet, which accept no str subclass (``s.kind == Kind.OWN`` holds)
+        self.kind = Kind(self.kind).value
+        self.role = Role(self.role).value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "kind":
+            value = Kind(value).value
+        elif name == "role":
+            value = Role(value).value
+        elif name == "fault" and value:
+            value = str(value)
+        super().__setattr__(name, value)
 
     @property
     def growth_text(self) -> str:

@@ -43,6 +43,10 @@ __all__ = ["Cause", "RootCause", "StepJudgement", "judge_step", "statistics_caus
 STAT_FACTOR = 10.0
 #: ... and this many units of rounding of its lowest-precision dtype ...
 STAT_FLOOR_UNITS = 8.0
+#: a step's first inputs (weights, data) differing by more than this (relative) before any
+#: recorded call differed by more than INPUTS_AGREE fail it: inputs that differ at the start
+INPUTS_DIFFER = 1e-3
+INPUTS_AGREE = 1e-5
 #: ... and this share of its scale (below it, statistics cannot tell amplification from a fault)
 STAT_SIGNIFICANT = 1e-2
 
@@ -56,6 +60,7 @@ class Cause(TextEnum):
     ONE_SIDED = "value-changing call on one side only"
     UNPAIRED = "call on one side only"
     STATISTICS = "own error by statistics"
+    INPUTS_DIFFER = "inputs differ at the start"
 
 
 @dataclass
@@ -233,6 +238,13 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
             if v.changed_args and not has_arg_col:
                 add(RootCause(v.api, v.direction, Cause.CHANGED_ARGUMENT, "; ".join(v.changed_args),
                               v.order, row, v.family, ctx=v.ctx))
+    first_in = _inputs_differ(table)
+    if first_in is not None:
+        i, e = first_in
+        add(RootCause(apis[i], direction[i], Cause.INPUTS_DIFFER,
+                      f"its input {_col(table, '_index', '')[i]} differs from the bench's by "
+                      f"{fmt_error(e)} before any recorded call differed: the data, the initial weights or "
+                      "the random state differ between the runs", int(order[i]), i, family[i], ctx=ctx[i]))
     by_stats = False
     if replay is None and statistics and n:
         by_stats = True
@@ -249,6 +261,48 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
     if by_stats and ranked:
         j.rescan = rescan_hint([r.api for r in ranked if r.side == "NPU"][:5])
     return j
+
+
+def _inputs_differ(table: pd.DataFrame) -> Optional[tuple]:
+    """``(row, error)`` of the first input row (execution order) that differs from the bench's by
+    more than :data:`INPUTS_DIFFER` (and 4 roundings of its dtype) while every row before it
+    agrees to :data:`INPUTS_AGREE`; None when there is none, or when a call of the not-judged
+    table (uninitialised, random) differed first (relative L2 of full tensors, else statistics)."""
+    from pytest_ptdbg.judge import not_judged as NJ
+
+    n = len(table)
+    if not n:
+        return None
+    rel = np.abs(_num(table, "_rel_l2"))
+    rel = np.where(np.isinf(rel), 1.0, rel)
+    rng = np.fmax(np.abs(_num(table, "Bench max")), np.abs(_num(table, "Bench min")))
+    diffs = np.fmax(np.fmax(np.abs(_num(table, "NPU max") - _num(table, "Bench max")),
+                            np.abs(_num(table, "NPU min") - _num(table, "Bench min"))),
+                    np.abs(_num(table, "NPU mean") - _num(table, "Bench mean")))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        by_stats = np.where(rng > 0, diffs / rng, np.where(diffs > 0, 1.0, 0.0))
+    err = np.where(np.isnan(rel), by_stats, rel)
+    paired = np.array([_bool(x) for x in _col(table, "_paired", True)], dtype=bool)
+    io = _col(table, "_io", "").astype(str)
+    family = _col(table, "_family", "").astype(str)
+    dts = [str(a) + "|" + str(b) for a, b in zip(_col(table, "NPU Tensor Dtype", ""), _col(table, "Bench Tensor Dtype", ""))]
+    for i in range(n):
+        if not paired[i]:
+            continue
+        e = float(err[i])
+        if NJ.special_of(family[i]) is not None:
+            if not (e <= INPUTS_AGREE):  # uninitialised or random values that may flow on
+                return None
+            continue
+        if not np.isfinite(e):
+            return None
+        u = max([_unit("torch.float32")] + [_unit(d) for d in dts[i].split("|") if "float" in d])
+        # data stored in a lower precision (a bf16 device's inputs) differ by its rounding
+        if e > max(INPUTS_DIFFER, 4 * u) and io[i] == "input":
+            return i, e
+        if e > INPUTS_AGREE:
+            return None
+    return None
 
 
 def _stats_pass_through(table: pd.DataFrame) -> set:
@@ -319,7 +373,8 @@ def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
                       floor_units: float = STAT_FLOOR_UNITS, significant: float = STAT_SIGNIFICANT) -> List[RootCause]:
     """Root causes from statistics alone (summary compare, or a compare without replay).
 
-    A tensor's error is the largest of its |max|, |min|, |mean| differences over a scale: the
+    A tensor's error is the largest of its |max|, |min|, |mean| differences over a scale (and, in
+    a full-compare table, its L2 difference over the larger of its and its inputs' norms): the
     larger of its bench range max(|max|, |min|) and its call's inputs' ranges (a near-zero result
     such as a mathematically-zero bias gradient is judged at the scale it was computed from). A
     call is a root cause when an output's error exceeds ``factor`` x the largest error among its
@@ -350,6 +405,10 @@ def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
                                 np.abs(_num(table, "NPU min") - _num(table, "Bench min"))),
                         np.abs(_num(table, "NPU mean") - _num(table, "Bench mean")))
     finite = np.isfinite(diffs) & np.isfinite(rng) & np.isfinite(npu_rng)
+    # a full-compare table also has the tensors' own L2 difference (‖n − b‖ = rel_l2 x ‖b‖)
+    rel = np.abs(_num(table, "_rel_l2"))
+    b_l2 = np.abs(_num(table, "Bench l2norm"))
+    l2diff = np.where(np.isinf(rel), np.abs(_num(table, "NPU l2norm")), rel * b_l2)
     nn = _num(table, "_npu_nonfinite")
     bn = _num(table, "_bench_nonfinite")
     dts = [str(a) + "|" + str(b) for a, b in zip(_col(table, "NPU Tensor Dtype", ""), _col(table, "Bench Tensor Dtype", ""))]
@@ -389,15 +448,20 @@ def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
         if v["unknown"] or not v["outs"]:
             continue
         in_scale = max([float(rng[j]) for j in v["ins"] if finite[j]] or [0.0])
+        in_l2 = max([float(b_l2[j]) for j in v["ins"] if np.isfinite(b_l2[j])] or [0.0])
         with np.errstate(invalid="ignore", divide="ignore"):
-            def err(j: int, scale: float) -> float:
+            def err(j: int, scale: float, l2scale: float) -> float:
                 if not finite[j]:
                     return 0.0
                 s_ = max(float(rng[j]), scale)
-                return float(diffs[j]) / s_ if s_ > 0 else (1.0 if diffs[j] > 0 else 0.0)
+                e = float(diffs[j]) / s_ if s_ > 0 else (1.0 if diffs[j] > 0 else 0.0)
+                if np.isfinite(l2diff[j]):
+                    n_ = max(float(b_l2[j]) if np.isfinite(b_l2[j]) else 0.0, l2scale)
+                    e = max(e, float(l2diff[j]) / n_ if n_ > 0 else (1.0 if l2diff[j] > 0 else 0.0))
+                return e
 
-            e_in = max([err(j, 0.0) for j in v["ins"]] or [0.0])
-            e_out = max(err(j, in_scale) for j in v["outs"])
+            e_in = max([err(j, 0.0, 0.0) for j in v["ins"]] or [0.0])
+            e_out = max(err(j, in_scale, in_l2) for j in v["outs"])
         bound = max(factor * e_in, floor_units * v["u"], significant)
         if e_out > bound:
             out.append(RootCause(api, direction[i], Cause.STATISTICS,
