@@ -9,8 +9,10 @@ API and parameter allows). Anything else raises :class:`ReplayRefused` before an
 
 Modules: ``allowlist`` (the table), ``arguments`` (data-only decoding), ``package`` (single-API
 reproduction packages), ``runner`` (replay one call, ``replay``), ``script`` (a standalone
-reproduction script), ``replay_check`` (compare's re-run of its suspects) and ``replay_verdict``
-(what the re-run shows, in words; ``advise/replay_merge.py`` folds it into the advice).
+reproduction script), ``own_error`` (:func:`judge_dump`: every call of one dump by its own error
+against a budget), ``budget`` (the numerical kernels), ``not_judged`` (the one table of calls not
+judged by value), ``step`` (:func:`judge_step`: compare's default verdict), ``replay_check`` and
+``replay_verdict`` (the older re-run of the advisor's top suspects, kept for ``check_apis``).
 
 Importing this package does not import torch; public names load lazily.
 """
@@ -29,6 +31,11 @@ _EXPORTS = {
     "load_package": "pytest_ptdbg.judge.package",
     "package_call": "pytest_ptdbg.judge.package",
     "write_script": "pytest_ptdbg.judge.script",
+    "judge_dump": "pytest_ptdbg.judge.own_error",
+    "DumpJudgement": "pytest_ptdbg.judge.own_error",
+    "CallVerdict": "pytest_ptdbg.judge.own_error",
+    "judge_step": "pytest_ptdbg.judge.step",
+    "StepJudgement": "pytest_ptdbg.judge.step",
 }
 
 __all__ = ["NotReplayable", "ReplayRefused", *sorted(_EXPORTS)]

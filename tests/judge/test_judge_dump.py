@@ -1,0 +1,73 @@
+"""judge_dump on real dumped training steps: every call by its own error, one dump by itself."""
+import os
+
+import pytest
+
+from real_dumps import dump_one_step, patched
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from pytest_ptdbg import compare  # noqa: E402
+from pytest_ptdbg.judge import judge_dump  # noqa: E402
+
+
+def _scaled_relu(orig):
+    def relu(*args, **kwargs):
+        ts = tuple(a for a in args if isinstance(a, torch.Tensor))
+        if torch.overrides.has_torch_function(ts):
+            return torch.overrides.handle_torch_function(relu, ts, *args, **kwargs)
+        out = orig(*args, **kwargs)
+        with torch._C.DisableTorchFunction():  # inside the kernel: the capture sees relu only
+            return out * 1.001
+    relu.__module__ = "torch"
+    return relu
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    mk = tmp_path_factory.mktemp
+    clean = dump_one_step(mk("clean")).rank_dir
+    bad = dump_one_step(mk("bad"), around=lambda: patched(torch, "relu", _scaled_relu(torch.relu))).rank_dir
+    stats = dump_one_step(mk("stats"), summary_only=True).rank_dir
+    return {"clean": clean, "bad": bad, "stats": stats}
+
+
+def test_a_clean_step_is_within_budget_everywhere_adamw_included(dumps):
+    j = judge_dump(dumps["clean"])
+    assert j.passed and j.judged and not j.not_judged, j.text()
+    opt = [v for v in j.verdicts if v.ctx == "optimizer"]
+    assert opt and all(str(v.status) == "within budget" for v in opt)  # 0-d in-place step_t += 1 too
+    assert max(v.ratio for v in j.judged) <= 1.0 and j.seconds > 0
+
+
+def test_a_faulty_kernel_is_the_only_root_cause(dumps):
+    j = judge_dump(dumps["bad"])
+    # the scaling inside the kernel is differentiated too: its backward is wrong for its inputs
+    assert [v.api for v in j.root_causes] in (["Torch_relu_0_forward"],
+                                              ["Torch_relu_0_forward", "Torch_relu_0_backward"]), j.text()
+    v = j.root_causes[0]
+    assert 5e-4 < v.own_error < 2e-3 and v.ratio > 100 and v.compute_dtype == "torch.float32"
+
+
+def test_statistics_only_dump_is_listed_not_judged(dumps):
+    j = judge_dump(dumps["stats"])
+    assert j.verdicts and not j.judged and j.passed
+    assert {v.reason for v in j.not_judged} == {"statistics only (no saved tensors)"}
+
+
+def test_full_device_dump_against_a_statistics_only_golden_is_judged_by_replay(dumps, tmp_path):
+    def pkl(rank):
+        return os.path.join(rank, "api_stack_dump.pkl")
+
+    def data(rank):
+        return os.path.join(rank, "api_stack_dump")
+
+    param = {"npu_pkl_path": pkl(dumps["bad"]), "npu_dump_data_dir": data(dumps["bad"]),
+             "bench_pkl_path": pkl(dumps["stats"]), "is_print_compare_log": False}
+    r = compare(param, str(tmp_path / "out"))
+    assert r.summary_compare and r.judgement.replay is not None
+    assert not r.passed and r.first_suspect.api == "Torch_relu_0_forward", r.advice.text()
+    ok = dict(param, npu_pkl_path=pkl(dumps["clean"]), npu_dump_data_dir=data(dumps["clean"]))
+    assert compare(ok, str(tmp_path / "ok")).passed
+    assert os.path.exists(r.advisor_path)
