@@ -382,7 +382,10 @@ def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
     lowest-precision dtype and ``significant`` (statistics cannot tell an ill-conditioned op, such
     as AdamW's first step, from a faulty one below that); or when an output has NaN/Inf (counts)
     where neither its inputs nor the bench's output have. Calls whose inputs' statistics are not
-    finite (masked with -inf), and the calls of :mod:`.not_judged`'s table, are not judged.
+    finite (masked with -inf), the calls of :mod:`.not_judged`'s table, and the optimizer's
+    update (``ctx == "optimizer"``: AdamW's first step turns rounding-level gradient differences
+    into whole steps; statistics cannot tell that from a fault, replay can) are judged for
+    NaN/Inf only.
     """
     from pytest_ptdbg.judge import not_judged as NJ
 
@@ -441,11 +444,12 @@ def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
         sp = NJ.special_of(family[i])
         if sp is not None and sp.treatment != NJ.Treatment.TIES:
             continue
+        optimizer = ctx[i] == "optimizer"
         if v["nan_out"] and not v["nan_in"]:
             out.append(RootCause(api, direction[i], Cause.NONFINITE, "NaN/Inf appears here (statistics)",
                                  int(order[i]), i, family[i], math.inf, ctx=ctx[i]))
             continue
-        if v["unknown"] or not v["outs"]:
+        if v["unknown"] or not v["outs"] or optimizer:
             continue
         in_scale = max([float(rng[j]) for j in v["ins"] if finite[j]] or [0.0])
         in_l2 = max([float(b_l2[j]) for j in v["ins"] if np.isfinite(b_l2[j])] or [0.0])
