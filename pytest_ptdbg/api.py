@@ -91,8 +91,8 @@ def _load(input_param: Dict[str, Any], side: str, problems: List[str],
     dkey = f"{side}_dump_data_dir"
     if dkey in input_param:
         data_dir = input_param[dkey] or ""
-    elif os.path.isdir(path):
-        data_dir = None          # found inside the folder
+    elif os.path.isdir(path) or path.endswith(".json"):
+        data_dir = None          # found inside the folder (msprobe: dump_tensor_data beside dump.json)
     else:
         data_dir = ""            # ptdbg: no data dir given -> statistics only
     if data_dir and not os.path.isdir(data_dir):

@@ -76,13 +76,13 @@ def _full_ptdbg(row: Any, th: Any) -> str:
 def _full_dtype(row: Any, th: Any) -> Optional[str]:
     """``Yes``/``No`` when the table's bounds decide the dtype rule, else None."""
     from pytest_ptdbg.comparison import verdict as V
-    from pytest_ptdbg.comparison.metrics import dtype_eps
+    from pytest_ptdbg.comparison.metrics import zero_eps
 
     rtol, atol = V.tolerance(row.get("NPU Tensor Dtype"), row.get("Bench Tensor Dtype"), th)
     err, rel = _f(row.get("MaxAbsErr")), _f(row.get("MaxRelativeErr"))
     if math.isnan(err):
         return None
-    eps = dtype_eps(row.get("Bench Tensor Dtype"))  # MaxRelativeErr's denominator where b == 0
+    eps = zero_eps(row.get("Bench Tensor Dtype"))  # MaxRelativeErr's denominator where b == 0
     if err <= atol * (1 - _MARGIN) or (rel <= rtol * (1 - _MARGIN) and rtol * eps <= atol):
         return "Yes"
     span = max(abs(_f(row.get("Bench max"))), abs(_f(row.get("Bench min"))))

@@ -71,14 +71,14 @@ def _compare_job(nt: TensorRec, bt: TensorRec, tol) -> Tuple[Optional[M.PairMetr
         return M.shape_mismatch(nt.shape, bt.shape), ""
     if "complex" in nt.dtype or "complex" in bt.dtype:
         try:
-            return M.compare_arrays(_as_real(nt), _as_real(bt), M.dtype_eps(bt.dtype), tol), ""
+            return M.compare_arrays(_as_real(nt), _as_real(bt), M.zero_eps(bt.dtype), tol), ""
         except (ValueError, OSError) as e:
             return None, str(e)
     a = b = None
     try:
         a = _source(nt)
         b = _source(bt)
-        return M.compare_streams(a, b, M.dtype_eps(bt.dtype), tol), ""
+        return M.compare_streams(a, b, M.zero_eps(bt.dtype), tol), ""
     except (ValueError, OSError) as e:
         return None, str(e)
     finally:
@@ -209,7 +209,7 @@ def _scalar_row(r: dict, nt: TensorRec, bt: TensorRec, rule: str, th: V.Threshol
     if rule == "dtype":
         rtol, atol = V.tolerance(nt.dtype, bt.dtype, th)
         tol = (atol, rtol)
-    m = M.compare_arrays(np.array(a), np.array(b), eps=M.dtype_eps(bt.dtype), tol=tol)
+    m = M.compare_arrays(np.array(a), np.array(b), eps=M.zero_eps(bt.dtype), tol=tol)
     _fill_metrics(r, m, nt, bt, rule, th)
 
 

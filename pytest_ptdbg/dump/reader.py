@@ -41,7 +41,7 @@ class TensorRec:
     name: str
     api: str
     io: str
-    index: Tuple[int, ...]
+    index: Tuple[Any, ...]           # ints; msprobe's keyword arguments have their name (input.weight)
     direction: str
     dtype: str
     shape: Tuple[int, ...]
@@ -482,7 +482,7 @@ def _read_msprobe_stacks(path: str, problems: List[str]) -> Dict[str, list]:
     return out
 
 
-def _walk(value: Any, prefix: Tuple[int, ...]):
+def _walk(value: Any, prefix: Tuple[Any, ...]):
     """Yield (index path, tensor dict) of tensors in a nested msprobe argument structure."""
     if isinstance(value, dict):
         if "dtype" in value and "shape" in value:
@@ -491,6 +491,48 @@ def _walk(value: Any, prefix: Tuple[int, ...]):
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             yield from _walk(v, prefix + (i,))
+
+
+#: msprobe's ``{"type": ..., "value": ...}`` scalar types that become scalar records (as ptdbg lists them)
+_MSPROBE_NUMBERS = {"int": int, "float": float, "bool": bool}
+
+
+def _msprobe_spec(value: Any, slot: str) -> Any:
+    """msprobe's description of one argument as a call-spec value (docs/DESIGN.md), as data only:
+    a tensor is ``{"t": slot}``, numbers/str/bool/None as is, dtypes, devices and slices tagged."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if "dtype" in value and "shape" in value:
+            return {"t": slot}
+        kind, v = value.get("type"), value.get("value")
+        if kind in _MSPROBE_NUMBERS or kind == "str":
+            return v
+        if kind in (None, "NoneType") and v is None:
+            return None
+        if kind == "torch.dtype":
+            return {"dtype": str(v)}
+        if kind == "torch.device":
+            return {"device": str(v)}
+        if kind == "slice" and isinstance(v, list):
+            return {"slice": list(v)}
+        if kind == "ellipsis":
+            return {"ellipsis": True}
+        return {"repr": str(value)[:200]}
+    if isinstance(value, (list, tuple)):
+        return [_msprobe_spec(v, f"{slot}.{i}") for i, v in enumerate(value)]
+    return {"repr": str(value)[:200]}
+
+
+def _msprobe_scalars(value: Any, prefix: Tuple[Any, ...]):
+    """Yield (index path, type name, number) of the number arguments in an msprobe argument structure."""
+    if isinstance(value, dict):
+        if value.get("type") in _MSPROBE_NUMBERS and isinstance(value.get("value"), (int, float)):
+            yield prefix, value["type"], value["value"]
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _msprobe_scalars(v, prefix + (i,))
 
 
 def _read_msprobe(path: str, data_dir: Optional[str]) -> Dump:
@@ -523,37 +565,57 @@ def _read_msprobe(path: str, data_dir: Optional[str]) -> Dump:
         a = b.api(key, p)
         a.stack = stacks.get(key)
         groups = []
+        call = None
         if "input_args" in entry or "input_kwargs" in entry:
             args = entry.get("input_args") or []
             kwargs = entry.get("input_kwargs") or {}
-            args = list(args) + (list(kwargs.values()) if isinstance(kwargs, dict) else [])
-            groups.append(("input", args))
+            args = list(args) if isinstance(args, (list, tuple)) else []
+            kwargs = kwargs if isinstance(kwargs, dict) else {}
+            # positional arguments are input.0, input.1, ...; keyword arguments input.{name}, as
+            # msprobe names them (Functional.layer_norm.0.forward.input.weight)
+            groups.append(("input", [((i,), v) for i, v in enumerate(args)] +
+                           [((str(k),), v) for k, v in kwargs.items()]))
+            call = {"args": [_msprobe_spec(v, f"input.{i}") for i, v in enumerate(args)],
+                    "kwargs": {str(k): _msprobe_spec(v, f"input.{k}") for k, v in kwargs.items()}}
         elif "input" in entry:
-            groups.append(("input", entry.get("input") or []))
+            groups.append(("input", [((i,), v) for i, v in enumerate(entry.get("input") or [])]))
         if "output" in entry:
-            groups.append(("output", entry.get("output") or []))
+            out = entry.get("output")
+            out = out if isinstance(out, (list, tuple)) else ([out] if out is not None else [])
+            groups.append(("output", [((i,), v) for i, v in enumerate(out)]))
+        first = True
         for io, values in groups:
-            for idx, tdict in _walk(values, ()):
-                name = f"{key}.{io}." + ".".join(str(i) for i in idx)
-                try:
-                    shape = _shape(tdict.get("shape"))
-                except ValueError as e:
-                    problems.append(f"{path}: record {name!r}: {e}")
-                    continue
-                stats = [tdict.get("Max"), tdict.get("Min"), tdict.get("Mean"), tdict.get("Norm")]
-                extra = {}
-                if "requires_grad" in tdict:
-                    extra["rg"] = bool(tdict["requires_grad"])
-                t = TensorRec(name, key, io, idx, p.direction, str(tdict.get("dtype")), shape,
-                              stats, extra, 0)
-                a.tensors.append(t)
-                dn = tdict.get("data_name")
-                if isinstance(dn, str) and dn and dn != "-1":
+            for top, value in values:
+                for idx, tdict in _walk(value, top):
+                    name = f"{key}.{io}." + ".".join(str(i) for i in idx)
                     try:
-                        b.resolve(t, dn)
+                        shape = _shape(tdict.get("shape"))
                     except ValueError as e:
-                        t.data_problem = str(e)
-                        problems.append(f"{path}: {e}")
+                        problems.append(f"{path}: record {name!r}: {e}")
+                        continue
+                    stats = [tdict.get("Max"), tdict.get("Min"), tdict.get("Mean"), tdict.get("Norm")]
+                    extra = {}
+                    if "requires_grad" in tdict:
+                        extra["rg"] = bool(tdict["requires_grad"])
+                    if first and call is not None:
+                        extra["call"] = call
+                        first = False
+                    t = TensorRec(name, key, io, idx, p.direction, str(tdict.get("dtype")), shape,
+                                  stats, extra, 0)
+                    a.tensors.append(t)
+                    dn = tdict.get("data_name")
+                    if isinstance(dn, str) and dn and dn != "-1":
+                        try:
+                            b.resolve(t, dn)
+                        except ValueError as e:
+                            t.data_problem = str(e)
+                            problems.append(f"{path}: {e}")
+                if io == "input":
+                    for idx, kind, v in _msprobe_scalars(value, top):
+                        name = f"{key}.{io}." + ".".join(str(i) for i in idx)
+                        a.tensors.append(TensorRec(name, key, io, idx, p.direction, kind, (), [v] * 4, {}, 0))
+        if call is not None and first and a.tensors:
+            a.tensors[0].extra["call"] = call
     dump = b.done("msprobe", str(doc.get("task", "")))
     dump.completeness = Completeness("unknown", f"{path}: msprobe dump: completeness unknown")
     dump.notes.append(dump.completeness.message)

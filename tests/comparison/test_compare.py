@@ -220,3 +220,26 @@ def test_two_compares_in_one_second_keep_both_outputs(tmp_path, monkeypatch):
     assert re.fullmatch(r"compare_result_20260101000000_[0-9a-f]{4}\.csv", os.path.basename(second.csv_path))
     assert list(pd.read_csv(first.csv_path).columns) == CSV_FULL
     assert list(pd.read_csv(second.csv_path).columns) == CSV_SUMMARY
+
+
+@pytest.mark.skipif(not os.path.isdir(MSPROBE), reason="no msprobe sample")
+def test_msprobe_dump_json_paths_find_their_tensors(tmp_path):
+    """compare() given msprobe dump.json files (no data-dir keys) compares the tensors in
+    dump_tensor_data beside them, as the CLI does; a ptdbg .pkl without them stays statistics."""
+    pytest.importorskip("torch")
+    j = os.path.join(MSPROBE, "mlp_tensor", "step0", "proc7910", "dump.json")
+    r = compare({"npu_pkl_path": j, "bench_pkl_path": j, "is_print_compare_log": False}, str(tmp_path / "c"))
+    assert not r.summary_compare and r.passed
+    assert r.table["Cosine"].notna().sum() > 20
+
+
+@pytest.mark.skipif(not os.path.isdir(MSPROBE), reason="no msprobe sample")
+def test_msprobe_keyword_arguments_are_named_as_msprobe_names_them():
+    from pytest_ptdbg.dump import reader
+
+    d = reader.read_dump(os.path.join(MSPROBE, "mlp_statistics_fp32"))
+    add = next(a for a in d.apis if a.key == "Tensor.add_.0.forward")
+    alpha = next(t for t in add.tensors if t.slot == "input.alpha")
+    assert alpha.name == "Tensor.add_.0.forward.input.alpha" and alpha.dtype == "float" and alpha.shape == ()
+    assert alpha.stats == [-0.1] * 4
+    assert add.tensors[0].extra["call"]["kwargs"] == {"alpha": -0.1}

@@ -196,3 +196,21 @@ def test_symlinks_are_followed_inside_the_data_dir_only(tmp_path):
     assert out0.data_file is None and out1.data_file is None
     assert len(d.problems) == 2 and all("symbolic link" in p and "outside" in p for p in d.problems)
     assert any(out0.name in p for p in d.problems) and any(out1.name in p for p in d.problems)
+
+
+def test_msprobe_keyword_tensor_is_named_input_dot_name(tmp_path):
+    """msprobe names a keyword-argument tensor by its keyword (``input.weight``), not by position."""
+    import json
+
+    t = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": 1.0, "Min": 0.0,
+         "Mean": 0.5, "Norm": 1.2}
+    doc = {"task": "statistics", "data": {"Functional.layer_norm.0.forward": {
+        "input_args": [t, [{"type": "int", "value": 4}]],
+        "input_kwargs": {"weight": t, "bias": None, "eps": {"type": "float", "value": 1e-5}},
+        "output": [t]}}}
+    (tmp_path / "dump.json").write_text(json.dumps(doc))
+    d = reader.read_dump(str(tmp_path / "dump.json"))
+    ln = d.apis[0]
+    assert [x.slot for x in ln.tensors] == ["input.0", "input.1.0", "input.weight", "input.eps", "output.0"]
+    assert ln.tensors[0].extra["call"] == {"args": [{"t": "input.0"}, [4]],
+                                           "kwargs": {"weight": {"t": "input.weight"}, "bias": None, "eps": 1e-5}}
