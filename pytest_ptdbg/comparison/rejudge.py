@@ -14,7 +14,8 @@ table's columns:
 
 Rows that are unpaired or unusable (``_unusable``: unreadable data, changed shape or dtype
 class), with NaN/Inf at different places, or with nothing compared keep their verdict (no
-threshold changes it): unusable rows never re-judge to pass.
+threshold changes it): unusable rows never re-judge to pass. So do argument rows (``_arg``: a
+changed argument is no matter of tolerance) and one-sided calls' classifications (``_code_path``).
 """
 from __future__ import annotations
 
@@ -99,6 +100,15 @@ def _full_dtype(row: Any, th: Any) -> Optional[str]:
     return None
 
 
+def _is_argument_or_code_path(row: Any) -> bool:
+    """Rows no threshold changes: a non-tensor argument (same or changed) and a one-sided call's
+    classification (``_arg``, ``_arg_changed``, ``_code_path``)."""
+    arg = row.get("_arg", "")
+    cp = row.get("_code_path", "")
+    return (isinstance(arg, str) and arg != "") or bool(row.get("_arg_changed", False) is True) or \
+        (isinstance(cp, str) and cp != "")
+
+
 def rejudge_table(table: Any, rule: str, th: Any) -> Tuple[Any, List[str]]:
     """A copy of ``table`` with ``Accuracy Reached or Not`` and ``_passed`` judged again under
     ``rule`` and ``th`` (``comparison.verdict.Thresholds``), and the names of the rows the table
@@ -115,7 +125,7 @@ def rejudge_table(table: Any, rule: str, th: Any) -> Tuple[Any, List[str]]:
     for i, (_, row) in enumerate(out.iterrows()):
         old = verdicts[i]
         if not bool(row.get("_paired", True)) or bool(row.get("_nan_mismatch", False)) or \
-                bool(row.get("_unusable", False)) or \
+                bool(row.get("_unusable", False)) or _is_argument_or_code_path(row) or \
                 _shape(row.get("NPU Tensor Shape")) != _shape(row.get("Bench Tensor Shape")) or \
                 old == "":
             continue

@@ -26,6 +26,8 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 import pandas as pd
 
+from pytest_ptdbg.comparison import arguments as A
+from pytest_ptdbg.comparison import code_path as CP
 from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.pairing import dtype_class, pair_apis
@@ -87,9 +89,9 @@ def _compare_job(nt: TensorRec, bt: TensorRec, tol) -> Tuple[Optional[M.PairMetr
                 s.close()
 
 
-def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec]):
-    nts = na.tensors if na else []
-    bts = ba.tensors if ba else []
+def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec], skip: Callable[[TensorRec], bool] = lambda t: False):
+    nts = [t for t in na.tensors if not skip(t)] if na else []
+    bts = [t for t in ba.tensors if not skip(t)] if ba else []
     by_slot = {t.slot: t for t in bts}
     used = set()
     out = []
@@ -100,6 +102,116 @@ def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec]):
         out.append((t, b))
     out.extend((None, b) for b in bts if b.slot not in used)
     return out
+
+
+def _loader(t: TensorRec) -> np.ndarray:
+    """A record's saved data as an array (memory-mapped ``.npy``; msprobe ``.pt`` loaded)."""
+    if t.data_file.endswith(".pt"):
+        return npy.load_pt(t.data_file, t.name, t.shape, t.dtype)
+    return npy.load_npy(t.data_file, t.name, t.shape, t.dtype, mmap=True)
+
+
+def _code_paths(steps, summary: bool) -> dict:
+    """``{(side, API key): (kind, message)}`` for every call recorded on one side only."""
+    one = [("NPU", na) if na is not None else ("bench", ba) for na, ba in steps if (na is None) != (ba is None)]
+    one.sort(key=lambda sa: sa[1].direction == "backward")   # forwards first: backwards read them
+    kinds: dict = {}
+    for side, api in one:
+        fwd = ""
+        for bw, fw in (("_backward", "_forward"), (".backward", ".forward")):
+            if api.key.endswith(bw):
+                fwd = kinds.get((side, api.key[: -len(bw)] + fw), ("", ""))[0]
+        kinds[(side, api.key)] = CP.classify(api, summary, fwd, None if summary else _loader)
+    return kinds
+
+
+def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Optional[ApiRec],
+         ba: Optional[ApiRec], stack, summary: bool) -> dict:
+    t = nt or bt
+    r = {
+        "NPU Name": nt.name if nt else "",
+        "Bench Name": bt.name if bt else "",
+        "NPU Tensor Dtype": nt.dtype if nt else "",
+        "Bench Tensor Dtype": bt.dtype if bt else "",
+        "NPU Tensor Shape": list(nt.shape) if nt else [],
+        "Bench Tensor Shape": list(bt.shape) if bt else [],
+    }
+    for k, name in enumerate(("max", "min", "mean", "l2norm")):
+        r[f"NPU {name}"] = _stat(nt.stats, k) if nt else math.nan
+        r[f"Bench {name}"] = _stat(bt.stats, k) if bt else math.nan
+    for c in (SUMMARY_DIFF_COLUMNS if summary else METRIC_COLUMNS):
+        r[c] = math.nan
+    r["Accuracy Reached or Not"] = ""
+    r["Err_message"] = ""
+    r.update({
+        "_api": api.key, "_bench_api": ba.key if ba else "", "_family": api.family,
+        "_direction": api.direction, "_io": t.io if t else "input", "_index": t.index_str if t else "",
+        "_order": api.order,
+        "_ctx": (na.ctx if na else "") or (ba.ctx if ba else ""), "_stack": stack,
+        "_paired": bool(nt and bt), "_rel_l2": math.nan, "_nan_mismatch": False,
+        "_npu_nonfinite": _nonfinite_from_stats(nt) if nt else 0,
+        "_bench_nonfinite": _nonfinite_from_stats(bt) if bt else 0, "_passed": True,
+        "_unusable": False, "_arg": "", "_arg_changed": False, "_code_path": "",
+    })
+    return r
+
+
+def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack, summary: bool, rule: str,
+              th: V.Thresholds) -> Tuple[List[dict], set, set]:
+    """One row per argument leaf of a paired call; the record slots they stand for on each side."""
+    rows = []
+    n_rec = {t.slot: t for t in na.tensors if A.is_scalar_record(t)}
+    b_rec = {t.slot: t for t in ba.tensors if A.is_scalar_record(t)}
+    used_n, used_b = set(), set()
+    sep_n, sep_b = A.name_sep(na.key), A.name_sep(ba.key)
+    for leaf in leaves:
+        if leaf.status == "ignored" and not (leaf.npu_slot in n_rec or leaf.bench_slot in b_rec):
+            continue   # ignored and not recorded either side: nothing to show
+        nrec, brec = n_rec.get(leaf.npu_slot), b_rec.get(leaf.bench_slot)
+        used_n.add(leaf.npu_slot)
+        used_b.add(leaf.bench_slot)
+        sub = "".join(f".{i}" for i in leaf.path)
+        r = _row(nrec, brec, na, na, ba, stack, summary)
+        have_n, have_b = leaf.npu_value is not A.MISSING, leaf.bench_value is not A.MISSING
+        r["NPU Name"] = nrec.name if nrec else (
+            f"{na.key}{sep_n}{leaf.npu_slot or 'input.' + leaf.param + sub}" if have_n else "")
+        r["Bench Name"] = brec.name if brec else (
+            f"{ba.key}{sep_b}{leaf.bench_slot or 'input.' + leaf.param + sub}" if have_b else "")
+        r["NPU Tensor Dtype"] = nrec.dtype if nrec else (A.leaf_dtype(leaf.npu_value) if have_n else "")
+        r["Bench Tensor Dtype"] = brec.dtype if brec else (A.leaf_dtype(leaf.bench_value) if have_b else "")
+        r["NPU Tensor Shape"] = []
+        r["Bench Tensor Shape"] = []
+        a, b = A.leaf_value(leaf.npu_value), A.leaf_value(leaf.bench_value)
+        for side, v in (("NPU", a), ("Bench", b)):
+            for k in ("max", "min", "mean"):
+                r[f"{side} {k}"] = v if v is not None else math.nan
+            r[f"{side} l2norm"] = abs(v) if v is not None else math.nan
+        r["_io"] = "input"
+        r["_index"] = (leaf.npu_slot or leaf.bench_slot or "input." + leaf.param + sub)[len("input."):]
+        r["_paired"] = have_n and have_b
+        r["_arg"] = leaf.param
+        r["_npu_nonfinite"] = int(a is not None and not math.isfinite(a))
+        r["_bench_nonfinite"] = int(b is not None and not math.isfinite(b))
+        if a is not None and b is not None:
+            if summary:
+                for c, d in zip(SUMMARY_DIFF_COLUMNS, (a - b, a - b, a - b, abs(a) - abs(b))):
+                    r[c] = d
+                r["_rel_l2"] = M.summary_rel_l2([a] * 4, [b] * 4)
+            else:
+                m = M.compare_arrays(np.array(a), np.array(b), eps=M.zero_eps(r["Bench Tensor Dtype"]))
+                r["MaxAbsErr"], r["MaxRelativeErr"] = m.max_abs_err, m.max_rel_err
+                r["One Thousandth Err Ratio"], r["Five Thousandths Err Ratio"] = m.one_thousandth, m.five_thousandths
+                r["_rel_l2"] = m.rel_l2
+        if leaf.status == "changed":
+            r["Accuracy Reached or Not"] = "No"
+            r["_passed"] = False
+            r["_arg_changed"] = True
+        else:
+            r["Accuracy Reached or Not"] = "Yes" if leaf.status == "same" else ""
+            r["_passed"] = True
+        r["Err_message"] = leaf.message
+        rows.append(r)
+    return rows, used_n, used_b
 
 
 def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack_mode: bool = False,
@@ -117,42 +229,35 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
         summary = not (npu.has_data and bench.has_data)
     problems = problems if problems is not None else []
     steps = pair_apis(npu.apis, bench.apis, fuzzy=fuzzy_match)
+    kinds = _code_paths(steps, summary)
     rows = []
     jobs = []
     for na, ba in steps:
         stack = na.stack if na is not None else (ba.stack if ba is not None else None)
         api = na if na is not None else ba
-        for nt, bt in _pair_tensors(na, ba):
+        leaves = A.compare_arguments(na, ba, npu.layout == "msprobe", bench.layout == "msprobe") \
+            if na is not None and ba is not None else None
+        pairs = _pair_tensors(na, ba, A.is_scalar_record if leaves is not None else (lambda t: False))
+        arg_rows: List[dict] = []
+        if leaves is not None:
+            arg_rows, used_n, used_b = _arg_rows(leaves, na, ba, stack, summary, rule, th)
+            # scalar records the call specs do not account for: compared slot by slot
+            pairs += _pair_tensors(na, ba, lambda t: not A.is_scalar_record(t) or
+                                   t.slot in (used_n if t.api == na.key else used_b))
+        n_inputs = sum(1 for nt, bt in pairs if (nt or bt).io == "input") if arg_rows else 0
+        for k, (nt, bt) in enumerate(pairs):
+            if arg_rows and k == n_inputs:
+                rows.extend(arg_rows)
+                arg_rows = []
             t = nt or bt
-            r = {
-                "NPU Name": nt.name if nt else "",
-                "Bench Name": bt.name if bt else "",
-                "NPU Tensor Dtype": nt.dtype if nt else "",
-                "Bench Tensor Dtype": bt.dtype if bt else "",
-                "NPU Tensor Shape": list(nt.shape) if nt else [],
-                "Bench Tensor Shape": list(bt.shape) if bt else [],
-            }
-            for k, name in enumerate(("max", "min", "mean", "l2norm")):
-                r[f"NPU {name}"] = _stat(nt.stats, k) if nt else math.nan
-                r[f"Bench {name}"] = _stat(bt.stats, k) if bt else math.nan
-            for c in (SUMMARY_DIFF_COLUMNS if summary else METRIC_COLUMNS):
-                r[c] = math.nan
-            r["Accuracy Reached or Not"] = ""
-            r["Err_message"] = ""
-            r.update({
-                "_api": api.key, "_bench_api": ba.key if ba else "", "_family": api.family,
-                "_direction": api.direction, "_io": t.io, "_index": t.index_str, "_order": api.order,
-                "_ctx": (na.ctx if na else "") or (ba.ctx if ba else ""), "_stack": stack,
-                "_paired": bool(nt and bt), "_rel_l2": math.nan, "_nan_mismatch": False,
-                "_npu_nonfinite": _nonfinite_from_stats(nt) if nt else 0,
-                "_bench_nonfinite": _nonfinite_from_stats(bt) if bt else 0, "_passed": True,
-                "_unusable": False,
-            })
+            r = _row(nt, bt, api, na, ba, stack, summary)
             if nt is None or bt is None:
-                if na is None:
-                    _unusable(r, f"bench API {ba.key} has no matching NPU API (unpaired)")
-                elif ba is None:
-                    _unusable(r, f"NPU API {na.key} has no matching bench API (unpaired)")
+                if na is None or ba is None:
+                    side = "NPU" if ba is None else "bench"
+                    other = "bench" if ba is None else "NPU"
+                    msg = f"{side} API {api.key} has no matching {other} API (unpaired)"
+                    kind, why = kinds.get((side, api.key), ("", ""))
+                    _code_path_row(r, msg, kind, why)
                 else:
                     side = "bench" if bt is None else "NPU"
                     _unusable(r, f"no {side} tensor {t.slot} for this API (unpaired tensor)")
@@ -182,12 +287,28 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
                 if nt.data_problem or bt.data_problem:
                     problems.append(why)
             rows.append(r)
+        rows.extend(arg_rows)
     if jobs:
         _run_jobs(rows, jobs, rule, th, problems, progress, workers)
     cols = (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS
     df = pd.DataFrame(rows, columns=cols) if rows else pd.DataFrame({c: [] for c in cols})
     df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule})
     return df
+
+
+def _code_path_row(r: dict, message: str, kind: str, why: str) -> None:
+    """A row of a call recorded on one side only, by its classification (``comparison/code_path.py``):
+    bookkeeping passes, value-changing fails (a root cause, not unusable data), unclassified is unusable."""
+    if kind == CP.BOOKKEEPING:
+        r["_code_path"] = kind
+        r["Err_message"] = f"{message}; {why}"
+    elif kind == CP.VALUE_CHANGING:
+        r["_code_path"] = kind
+        r["Accuracy Reached or Not"] = "No"
+        r["_passed"] = False
+        r["Err_message"] = f"{message}; {why}"
+    else:
+        _unusable(r, f"{message}; {why}" if why else message)
 
 
 def _unusable(r: dict, message: str) -> None:

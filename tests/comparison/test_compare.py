@@ -103,9 +103,21 @@ def test_extra_call_is_listed_unpaired_and_the_rest_pairs(tmp_path):
     assert extra["Bench Name"].eq("").all() and "no matching bench API" in extra["Err_message"].iloc[0]
     rest = t[t["_api"] != "Tensor_to_0_forward"]
     assert rest["_paired"].all() and (rest["NPU Name"] == rest["Bench Name"]).all()
-    # a call on one side only counts against the verdict: never a pass on data not compared
-    assert (extra["Accuracy Reached or Not"] == "No").all() and not r.passed
-    assert rest["_passed"].all()
+    # a call on one side only is classified from its own records (issue 10 item 4; this used to be
+    # "No" whatever it did): this cast's output equals its input, so it is bookkeeping and passes
+    assert (extra["_code_path"] == "bookkeeping").all() and extra["_passed"].all() and not extra["_unusable"].any()
+    assert "bookkeeping" in extra["Err_message"].iloc[0] and r.passed
+    assert rest["_passed"].all() and (rest["_code_path"] == "").all()
+    # the same extra call changing its values is a failing, value-changing row (a root cause)
+    apis = dumps.mlp_apis(extra_cast=True)
+    cast = next(a for a in apis if a.key == "Tensor_to_0_forward")
+    cast.tensors["output.0"] = (cast.tensors["output.0"] * 1.01).astype(np.float32)
+    npu2 = str(tmp_path / "npu2")
+    dumps.write_dump(npu2, apis)
+    r2 = compare(_param(npu2, bench), str(tmp_path / "out2"))
+    extra2 = r2.table[r2.table["_api"] == "Tensor_to_0_forward"]
+    assert (extra2["_code_path"] == "value-changing").all() and not extra2["_passed"].any() and not r2.passed
+    assert "differs" in extra2["Err_message"].iloc[0]
 
 
 def test_dtype_rule_accepts_a_bf16_device(tmp_path):
