@@ -18,7 +18,9 @@ form by ``dump/reader.py``) and are normalised before they are compared:
   equals an omitted parameter;
 - numbers agree when they differ by at most :data:`FLOAT_RTOL` relative (ints, bools, strings,
   dtypes exactly): a changed constant of the code (``eps`` 1e-5 vs 1e-2, ``approximate``, ``dim``)
-  is found, a Python float computed from slightly different data (``.item()``) is not.
+  is found, a Python float computed from slightly different data (``.item()``) is not. Under the
+  ``dtype`` rule a number within the rule's tolerance (the user's rtol/atol) is the same too
+  (``comparison/table.py``).
 
 :func:`compare_arguments` returns one :class:`ArgLeaf` per scalar leaf of every parameter (a tuple
 argument such as ``normalized_shape=(32,)`` has one leaf per element, as ptdbg and msprobe list

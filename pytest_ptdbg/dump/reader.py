@@ -34,9 +34,9 @@ MAX_DEPTH = 64
 MAX_LINE_PROBLEMS = 50
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorRec:
-    """One tensor record."""
+    """One tensor record (slotted: a 50 000-call step holds a few hundred thousand of them)."""
 
     name: str
     api: str
@@ -51,15 +51,16 @@ class TensorRec:
     data_file: Optional[str] = None   # safe path of the saved tensor, when there is one
     data_problem: str = ""            # why there is none although the dump has a data dir
     data_inode: int = 0               # inode of data_file (hard-linked copies share it)
+    #: ``input.0`` / ``output.1.0``: the tensor's place within its API (computed when not given)
+    slot: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.slot:
+            self.slot = f"{self.io}." + ".".join(str(i) for i in self.index)
 
     @property
     def index_str(self) -> str:
-        return ".".join(str(i) for i in self.index)
-
-    @property
-    def slot(self) -> str:
-        """``input.0`` / ``output.1.0``: the tensor's place within its API."""
-        return f"{self.io}.{self.index_str}"
+        return self.slot[len(self.io) + 1:]
 
     @property
     def nonfinite(self) -> int:
@@ -343,12 +344,25 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
     complete_lines = 0
     ours = False
     bad = 0
+    # stack records repeat (every layer's calls come from the same lines of code): one parse per
+    # distinct text, and the APIs share one frames list
+    stack_cache: Dict[bytes, list] = {}
+    names: Dict[str, tuple] = {}
     with f:
         for lineno, raw, whole in _lines(f, pkl, problems):
             if not raw.strip():
                 continue
             if whole:
                 complete_lines += 1
+            skey = None
+            if whole and raw.startswith(b'["'):
+                j = raw.find(b'"', 2)
+                if j > 13 and raw[j - 11:j] == b"_stack_info" and b"\\" not in raw[2:j]:
+                    skey = raw[j + 1:]
+                    frames = stack_cache.get(skey)
+                    if frames is not None:
+                        stacks[raw[2:j - 11].decode("utf-8", "replace")] = frames
+                        continue
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -373,7 +387,9 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
             if isinstance(rec, list) and len(rec) > 6 and isinstance(rec[6], dict):
                 ours = True
             try:
-                _add_ptdbg_record(b, rec, lineno, stacks)
+                _add_ptdbg_record(b, rec, lineno, stacks, names)
+                if skey is not None and records.is_stack_record(rec):
+                    stack_cache[skey] = stacks[rec[0][: -len(records.STACK_SUFFIX)]]
             except ValueError as e:
                 bad += 1
                 if bad <= MAX_LINE_PROBLEMS:
@@ -398,7 +414,36 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
     return dump
 
 
-def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list]) -> None:
+_IO_CUTS = ("_input.", "_output.", ".input.", ".output.")
+
+
+def _split_name(name: str, names: Dict[str, tuple]):
+    """``(api key, parsed API key, io, index, slot)`` of a tensor name, the API key parsed once
+    (cached in ``names``); None where the quick split does not apply (then ``parse_name`` decides)."""
+    cut = max(name.rfind(c) for c in _IO_CUTS)
+    if cut < 0:
+        return None
+    rest = name[cut + 1:]
+    io, _, idx = rest.partition(".")
+    parts = idx.split(".")
+    for q in parts:
+        if not (q.isascii() and q.isdigit()) or (len(q) > 1 and q[0] == "0"):
+            return None
+    key = name[:cut]
+    hit = names.get(key)
+    if hit is None:
+        try:
+            p = records.parse_name(key)
+        except ValueError:
+            return None
+        if p.io is not None:
+            return None
+        hit = names[key] = (p,)
+    return key, hit[0], io, tuple(int(q) for q in parts), rest
+
+
+def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list],
+                      names: Optional[Dict[str, tuple]] = None) -> None:
     if not isinstance(rec, list) or not rec or not isinstance(rec[0], str):
         raise ValueError("not a ptdbg record (expected a JSON array starting with a name)")
     if records.is_stack_record(rec):
@@ -410,9 +455,11 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
     name = rec[0]
     if len(rec) < 6:
         raise ValueError(f"record {name!r}: {len(rec)} fields, at least 6 expected")
-    p = records.parse_name(name)
-    if p.io is None:
-        raise ValueError(f"record {name!r}: a tensor name needs _input.N or _output.N")
+    quick = _split_name(name, names) if names is not None else None
+    if quick is None:
+        p = records.parse_name(name)
+        if p.io is None:
+            raise ValueError(f"record {name!r}: a tensor name needs _input.N or _output.N")
     # rec[1] (0, or 1 in some ptdbg v4 dumps) and rec[2] are not used
     dtype = rec[3]
     if not isinstance(dtype, str):
@@ -423,13 +470,17 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         raise ValueError(f"record {name!r}: {e}") from None
     stats = rec[5] if isinstance(rec[5], list) else []
     extra = rec[6] if len(rec) > 6 and isinstance(rec[6], dict) else {}
-    if name.endswith(("_" + p.io, "." + p.io)):   # ptdbg's single output without an index
-        cut = len(name) - len(p.io) - 1
+    if quick is not None:
+        api_key, p, io, index, slot = quick
+        t = TensorRec(name, api_key, io, index, p.direction, dtype, shape, stats, extra, lineno, slot=slot)
     else:
-        cut = max(name.rfind("_" + p.io + "."), name.rfind("." + p.io + "."))
-    api_key = name[:cut]
-    t = TensorRec(name, api_key, p.io, p.index or (), p.direction, dtype, shape, stats, extra, lineno)
-    a = b.api(api_key, p)
+        if name.endswith(("_" + p.io, "." + p.io)):   # ptdbg's single output without an index
+            cut = len(name) - len(p.io) - 1
+        else:
+            cut = max(name.rfind("_" + p.io + "."), name.rfind("." + p.io + "."))
+        api_key = name[:cut]
+        t = TensorRec(name, api_key, p.io, p.index or (), p.direction, dtype, shape, stats, extra, lineno)
+    a = b.apis.get(api_key) or b.api(api_key, p)
     if extra.get("ctx"):
         a.ctx = str(extra["ctx"])
     a.tensors.append(t)
