@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Callable, List, Optional, Tuple
 
 import numpy as np
@@ -35,10 +35,13 @@ from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, METR
                                              SUMMARY_DIFF_COLUMNS)
 from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
+from pytest_ptdbg.format.progress import Progress
 
 
-#: worker threads comparing tensor pairs
+#: worker threads (or processes, for large compares) comparing tensor pairs
 WORKERS = 2
+#: compares of at least this many API calls (or tensor pairs) show a progress bar on a terminal
+BAR_MIN_APIS = 2000
 
 
 def _stat(stats, i: int) -> float:
@@ -236,7 +239,11 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
     kinds = _code_paths(steps, summary)
     rows = []
     jobs = []
-    for na, ba in steps:
+    # long work: a progress bar where a person waits (a terminal), nothing elsewhere
+    bar = Progress(len(steps), "compare: pairing", enabled=None if len(steps) >= BAR_MIN_APIS else False)
+    for k_step, (na, ba) in enumerate(steps):
+        if not k_step & 255:
+            bar.update(k_step)
         stack = na.stack if na is not None else (ba.stack if ba is not None else None)
         api = na if na is not None else ba
         leaves = A.compare_arguments(na, ba, npu.layout == "msprobe", bench.layout == "msprobe") \
@@ -292,8 +299,20 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
                     problems.append(why)
             rows.append(r)
         rows.extend(arg_rows)
+    bar.update(len(steps))
+    bar.close()
     if jobs:
-        _run_jobs(rows, jobs, rule, th, problems, progress, workers)
+        bar = Progress(0, "compare: tensors", enabled=None if len(jobs) >= BAR_MIN_APIS else False)
+        tell = progress
+        if bar.enabled:
+            def tell(msg: str, _p=progress) -> None:
+                done, _, total = msg.split()[1].partition("/")
+                bar.total = int(total)
+                bar.update(int(done))
+                if _p:
+                    _p(msg)
+        _run_jobs(rows, jobs, rule, th, problems, tell, workers)
+        bar.close()
     cols = (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS
     df = pd.DataFrame(rows, columns=cols) if rows else pd.DataFrame({c: [] for c in cols})
     df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule})
@@ -372,6 +391,62 @@ def _summary_row(r: dict, nt: TensorRec, bt: TensorRec, rule: str, th: V.Thresho
     r["Err_message"] = "; ".join(msgs)
 
 
+#: tensor pairs are compared by worker *processes* (numpy holds the GIL in its BLAS dot products
+#: and casts, so threads scale ~1.0-1.1x) when there is at least this much data or pairs to compare;
+#: smaller compares use threads (starting processes costs ~50 ms)
+PROCESS_MIN_BYTES = 32 << 20
+PROCESS_MIN_PAIRS = 4096
+
+
+class _Lite:
+    """The fields of a tensor record a comparison job needs (sent to worker processes)."""
+
+    __slots__ = ("data_file", "name", "shape", "dtype")
+
+    def __init__(self, data_file: str, name: str, shape: tuple, dtype: str) -> None:
+        self.data_file, self.name, self.shape, self.dtype = data_file, name, shape, dtype
+
+
+def _job_spec(nt, bt, tol) -> tuple:
+    return (nt.data_file, nt.name, tuple(nt.shape), nt.dtype, bt.data_file, bt.name, tuple(bt.shape), bt.dtype, tol)
+
+
+def _compare_specs(specs: List[tuple]) -> List[Tuple[Optional[M.PairMetrics], str]]:
+    """Worker process: compare a chunk of tensor pairs."""
+    return [_compare_job(_Lite(*s[0:4]), _Lite(*s[4:8]), s[8]) for s in specs]
+
+
+def _pair_bytes(nt, bt) -> int:
+    n = 1
+    for d in nt.shape:
+        n *= int(d)
+    return 8 * n   # both sides, ~4 bytes each
+
+
+def _chunks(unique: list, nbytes: int, workers: int) -> List[Tuple[int, int]]:
+    """``[(start, stop), ...]`` of about 8 chunks per worker by bytes, at most 2048 pairs each."""
+    target = max(1, nbytes // (8 * workers))
+    out, a, acc = [], 0, 0
+    for i, job in enumerate(unique):
+        acc += _pair_bytes(job[1], job[2])
+        if acc >= target or i + 1 - a >= 2048:
+            out.append((a, i + 1))
+            a, acc = i + 1, 0
+    if a < len(unique):
+        out.append((a, len(unique)))
+    return out
+
+
+def worker_context():
+    """``fork`` where it is safe and fast (no torch threads in this process), else ``spawn``."""
+    import multiprocessing as mp
+    import sys
+
+    if "fork" in mp.get_all_start_methods() and "torch" not in sys.modules:
+        return mp.get_context("fork")
+    return mp.get_context("spawn")
+
+
 def _run_jobs(rows, jobs, rule, th, problems, progress, workers) -> None:
     def work(job):
         _, nt, bt, tol = job
@@ -389,13 +464,35 @@ def _run_jobs(rows, jobs, rule, th, problems, progress, workers) -> None:
             unique.append(job)
         owner.append(first_of[key])
     total = len(unique)
-    step = max(1, total // 10)
     results: List = [None] * total
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
-        for k, res in enumerate(ex.map(work, unique)):
-            results[k] = res
-            if progress and ((k + 1) % step == 0 or k + 1 == total):
-                progress(f"compared {k + 1}/{total} tensor pairs")
+    nbytes = sum(_pair_bytes(job[1], job[2]) for job in unique)
+    done = 0
+    last = [-1]
+
+    def tell(k: int) -> None:
+        if progress and (k * 10 // max(total, 1) != last[0] or k == total):
+            last[0] = k * 10 // max(total, 1)
+            progress(f"compared {k}/{total} tensor pairs")
+
+    if workers > 1 and (nbytes >= PROCESS_MIN_BYTES or total >= PROCESS_MIN_PAIRS):
+        chunks = _chunks(unique, nbytes, workers)
+        try:
+            ex = ProcessPoolExecutor(max_workers=workers, mp_context=worker_context())
+        except (OSError, ValueError):   # no processes here (a sandbox): threads
+            ex = None
+        if ex is not None:
+            with ex:
+                for lo, res in zip([c[0] for c in chunks],
+                                   ex.map(_compare_specs, [[_job_spec(*unique[i][1:]) for i in range(a, b)]
+                                                           for a, b in chunks])):
+                    results[lo:lo + len(res)] = res
+                    done += len(res)
+                    tell(done)
+    if done < total:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
+            for k, res in enumerate(ex.map(work, unique)):
+                results[k] = res
+                tell(k + 1)
     for job, u in zip(jobs, owner):
         m, err = results[u]
         idx, nt, bt, _ = job

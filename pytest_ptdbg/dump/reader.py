@@ -414,21 +414,27 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
     return dump
 
 
-_IO_CUTS = ("_input.", "_output.", ".input.", ".output.")
-
-
 def _split_name(name: str, names: Dict[str, tuple]):
     """``(api key, parsed API key, io, index, slot)`` of a tensor name, the API key parsed once
     (cached in ``names``); None where the quick split does not apply (then ``parse_name`` decides)."""
-    cut = max(name.rfind(c) for c in _IO_CUTS)
-    if cut < 0:
+    i = name.rfind("put.")
+    if i < 3:
+        return None
+    if name[i - 3:i] in ("_in", ".in"):
+        cut = i - 3
+    elif name[i - 4:i] in ("_out", ".out"):
+        cut = i - 4
+    else:
         return None
     rest = name[cut + 1:]
     io, _, idx = rest.partition(".")
-    parts = idx.split(".")
-    for q in parts:
-        if not (q.isascii() and q.isdigit()) or (len(q) > 1 and q[0] == "0"):
-            return None
+    if len(idx) == 1 and idx.isdigit():
+        parts = [idx]
+    else:
+        parts = idx.split(".")
+        for q in parts:
+            if not (q.isascii() and q.isdigit()) or (len(q) > 1 and q[0] == "0"):
+                return None
     key = name[:cut]
     hit = names.get(key)
     if hit is None:

@@ -255,3 +255,17 @@ def test_msprobe_keyword_arguments_are_named_as_msprobe_names_them():
     assert alpha.name == "Tensor.add_.0.forward.input.alpha" and alpha.dtype == "float" and alpha.shape == ()
     assert alpha.stats == [-0.1] * 4
     assert add.tensors[0].extra["call"]["kwargs"] == {"alpha": -0.1}
+
+
+def test_worker_processes_give_the_same_table_as_threads(tmp_path, monkeypatch):
+    from pytest_ptdbg.comparison import table as T
+    from pytest_ptdbg.dump import reader
+
+    npu, bench = _pair(tmp_path, dumps.mlp_apis(noise=1e-3), dumps.mlp_apis())
+    a, b = reader.read_dump(npu), reader.read_dump(bench)
+    threads = T.build_table(a, b, workers=2)
+    monkeypatch.setattr(T, "PROCESS_MIN_PAIRS", 1)
+    seen = []
+    procs = T.build_table(a, b, workers=2, progress=seen.append)
+    pd.testing.assert_frame_equal(threads, procs)
+    assert seen[-1].startswith("compared ") and threads["Cosine"].notna().sum() > 10
