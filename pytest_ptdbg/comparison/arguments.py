@@ -283,7 +283,7 @@ def call_spec(api: Any) -> Optional[dict]:
 
 def is_scalar_record(t: Any) -> bool:
     """A record of a Python number argument (dtype ``int``/``float``/``<class 'int'>``, shape [])."""
-    return tuple(t.shape) == () and not str(t.dtype).startswith("torch.")
+    return not t.shape and not str(t.dtype).startswith("torch.")
 
 
 @dataclass
@@ -348,12 +348,13 @@ def _norm_dim(v: Any, rank: int) -> Any:
 
 
 def _input_rank(api: Any) -> Optional[int]:
-    by = {t.slot: t for t in api.tensors if not is_scalar_record(t)}
-    for slot in ("input.0", "input.0.0"):
-        t = by.get(slot)
-        if t is not None:
+    nested = None
+    for t in api.tensors:
+        if t.slot == "input.0" and not is_scalar_record(t):
             return len(t.shape)
-    return None
+        if t.slot == "input.0.0" and nested is None and not is_scalar_record(t):
+            nested = len(t.shape)
+    return nested
 
 
 def _leaves(v: Any, path: Tuple[int, ...] = ()) -> List[Tuple[Tuple[int, ...], Any]]:
@@ -411,8 +412,8 @@ class ArgLeaf:
 
 
 def _slot(base: str, path: Tuple[int, ...]) -> str:
-    if not base:
-        return ""
+    if not base or not path:
+        return base
     return base + "".join(f".{i}" for i in path)
 
 

@@ -417,6 +417,8 @@ def stat_at(stats, i: int) -> Optional[float]:
     if not stats or len(stats) <= i:
         return None
     v = stats[i]
+    if type(v) is float:   # the common case first
+        return v
     if isinstance(v, bool):
         return float(v)
     if isinstance(v, (int, float)):

@@ -40,8 +40,20 @@ STRONG = 10
 _FLOAT = {"float16", "half", "bfloat16", "float32", "float", "float64", "double"}
 
 
+_CLASS: Dict[str, str] = {}
+
+
 def dtype_class(dtype: str) -> str:
     """``float`` for fp16/bf16/fp32/fp64 (and Python float), ``int``, ``bool``, ``complex``, else the dtype itself."""
+    c = _CLASS.get(dtype)
+    if c is None:
+        c = _dtype_class(dtype)
+        if len(_CLASS) < 4096:   # a dump has a handful of dtypes; a hostile one cannot grow this
+            _CLASS[dtype] = c
+    return c
+
+
+def _dtype_class(dtype: str) -> str:
     d = (dtype or "").replace("torch.", "")
     if d.startswith("<class '") and d.endswith("'>"):   # ptdbg v4's Python scalars: "<class 'int'>"
         d = d[len("<class '"):-2]

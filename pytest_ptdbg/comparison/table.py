@@ -128,9 +128,24 @@ def _code_paths(steps, summary: bool) -> dict:
     return kinds
 
 
+_NAN4 = (math.nan, math.nan, math.nan, math.nan)
+
+
+def _stats4(t: Optional[TensorRec]) -> tuple:
+    if t is None:
+        return _NAN4
+    st = t.stats
+    if len(st) == 4 and all(type(v) is float for v in st):   # the common case
+        return tuple(st)
+    return tuple(_stat(st, k) for k in range(4))
+
+
 def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Optional[ApiRec],
          ba: Optional[ApiRec], stack, summary: bool) -> dict:
     t = nt or bt
+    n1, n2, n3, n4 = _stats4(nt)
+    b1, b2, b3, b4 = _stats4(bt)
+    nan = math.nan
     r = {
         "NPU Name": nt.name if nt else "",
         "Bench Name": bt.name if bt else "",
@@ -138,20 +153,21 @@ def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Opti
         "Bench Tensor Dtype": bt.dtype if bt else "",
         "NPU Tensor Shape": list(nt.shape) if nt else [],
         "Bench Tensor Shape": list(bt.shape) if bt else [],
+        "NPU max": n1, "Bench max": b1, "NPU min": n2, "Bench min": b2,
+        "NPU mean": n3, "Bench mean": b3, "NPU l2norm": n4, "Bench l2norm": b4,
     }
-    for k, name in enumerate(("max", "min", "mean", "l2norm")):
-        r[f"NPU {name}"] = _stat(nt.stats, k) if nt else math.nan
-        r[f"Bench {name}"] = _stat(bt.stats, k) if bt else math.nan
-    for c in (SUMMARY_DIFF_COLUMNS if summary else METRIC_COLUMNS):
-        r[c] = math.nan
-    r["Accuracy Reached or Not"] = ""
-    r["Err_message"] = ""
+    if summary:
+        r["Max diff"] = r["Min diff"] = r["Mean diff"] = r["L2norm diff"] = nan
+    else:
+        r["Cosine"] = r["MaxAbsErr"] = r["MaxRelativeErr"] = r["One Thousandth Err Ratio"] = \
+            r["Five Thousandths Err Ratio"] = nan
     r.update({
+        "Accuracy Reached or Not": "", "Err_message": "",
         "_api": api.key, "_bench_api": ba.key if ba else "", "_family": api.family,
         "_direction": api.direction, "_io": t.io if t else "input", "_index": t.index_str if t else "",
         "_order": api.order,
         "_ctx": (na.ctx if na else "") or (ba.ctx if ba else ""), "_stack": stack,
-        "_paired": bool(nt and bt), "_rel_l2": math.nan, "_nan_mismatch": False,
+        "_paired": bool(nt and bt), "_rel_l2": nan, "_nan_mismatch": False,
         "_npu_nonfinite": _nonfinite_from_stats(nt) if nt else 0,
         "_bench_nonfinite": _nonfinite_from_stats(bt) if bt else 0, "_passed": True,
         "_unusable": False, "_arg": "", "_arg_changed": False, "_code_path": "",
@@ -314,7 +330,9 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
         _run_jobs(rows, jobs, rule, th, problems, tell, workers)
         bar.close()
     cols = (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS
-    df = pd.DataFrame(rows, columns=cols) if rows else pd.DataFrame({c: [] for c in cols})
+    # columns first (one list per column): pandas builds a frame from a list of dicts cell by cell
+    df = pd.DataFrame({c: [r[c] for r in rows] for c in cols}, columns=cols) if rows else \
+        pd.DataFrame({c: [] for c in cols})
     df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule})
     return df
 

@@ -80,10 +80,12 @@ class ApiRec:
     tensors: List[TensorRec] = field(default_factory=list)
     stack: Optional[list] = None
     ctx: str = ""
+    #: ``{Type}_{api}`` (e.g. ``Functional_softmax``), computed when not given
+    family: str = ""
 
-    @property
-    def family(self) -> str:
-        return f"{self.api_type}_{self.api_name}"
+    def __post_init__(self) -> None:
+        if not self.family:
+            self.family = f"{self.api_type}_{self.api_name}"
 
 
 @dataclass
