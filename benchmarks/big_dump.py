@@ -22,14 +22,14 @@ _KEY = re.compile(r"^(?P<fam>[A-Za-z]+_.+)_(?P<k>\d+)_(?P<dir>forward|backward)"
 
 
 def _template(d: str, noise: float) -> str:
-    import torch
-
-    sys.path.insert(0, ROOT)
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from real_dumps import dump_one_step, perturb
-
     out = os.path.join(d, "template_npu" if noise else "template_bench")
     if not os.path.isfile(os.path.join(out, "done")):
+        import torch   # only to make the template: the compare being measured never imports it
+
+        sys.path.insert(0, ROOT)
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        from real_dumps import dump_one_step, perturb
+
         torch.manual_seed(0)
         prep = (lambda m: [perturb(m, n, rel=noise, seed=i) for i, (n, _) in enumerate(m.named_parameters())]
                 and None) if noise else None
