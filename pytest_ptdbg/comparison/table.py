@@ -253,7 +253,8 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
     problems = problems if problems is not None else []
     steps = pair_apis(npu.apis, bench.apis, fuzzy=fuzzy_match)
     kinds = _code_paths(steps, summary)
-    rows = []
+    cols = (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS
+    rows = _Columns(cols)   # each finished row goes into one list per column (no dict per row kept)
     jobs = []
     # long work: a progress bar where a person waits (a terminal), nothing elsewhere
     bar = Progress(len(steps), "compare: pairing", enabled=None if len(steps) >= BAR_MIN_APIS else False)
@@ -329,10 +330,9 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
                     _p(msg)
         _run_jobs(rows, jobs, rule, th, problems, tell, workers)
         bar.close()
-    cols = (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS
-    # columns first (one list per column): pandas builds a frame from a list of dicts cell by cell
-    df = pd.DataFrame({c: [r[c] for r in rows] for c in cols}, columns=cols) if rows else \
-        pd.DataFrame({c: [] for c in cols})
+    # from columns: pandas builds a frame from a list of dicts cell by cell
+    df = pd.DataFrame(rows.data, columns=cols) if len(rows) else pd.DataFrame({c: [] for c in cols})
+    rows.data = {}
     df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule})
     return df
 
@@ -350,6 +350,50 @@ def _code_path_row(r: dict, message: str, kind: str, why: str) -> None:
         r["Err_message"] = f"{message}; {why}"
     else:
         _unusable(r, f"{message}; {why}" if why else message)
+
+
+class _Row:
+    """Row ``i`` of a :class:`_Columns` as a mapping (for the few rows filled in after the loop)."""
+
+    __slots__ = ("data", "i")
+
+    def __init__(self, data: dict, i: int) -> None:
+        self.data, self.i = data, i
+
+    def __getitem__(self, key: str):
+        return self.data[key][self.i]
+
+    def __setitem__(self, key: str, value) -> None:
+        self.data[key][self.i] = value
+
+    def get(self, key: str, default=None):
+        col = self.data.get(key)
+        return default if col is None else col[self.i]
+
+
+class _Columns:
+    """The table being built: one list per column; ``append`` takes a row dict and keeps its values."""
+
+    def __init__(self, cols: List[str]) -> None:
+        self.cols = list(cols)
+        self.data = {c: [] for c in self.cols}
+        self._add = [(c, self.data[c].append) for c in self.cols]
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def append(self, r: dict) -> None:
+        for c, add in self._add:
+            add(r[c])
+        self.n += 1
+
+    def extend(self, rs) -> None:
+        for r in rs:
+            self.append(r)
+
+    def row(self, i: int) -> _Row:
+        return _Row(self.data, i)
 
 
 def _unusable(r: dict, message: str) -> None:
@@ -514,7 +558,7 @@ def _run_jobs(rows, jobs, rule, th, problems, progress, workers) -> None:
     for job, u in zip(jobs, owner):
         m, err = results[u]
         idx, nt, bt, _ = job
-        r = rows[idx]
+        r = rows.row(idx)
         if m is None:
             _unusable(r, f"no data to compare (Nan): {err}")
             problems.append(err)

@@ -203,6 +203,8 @@ class _Builder:
         self.problems = problems
         self.data_dir = data_dir
         self.files = None
+        #: shared objects for repeated values (dtypes, shapes, slots, extras); None: no sharing
+        self.pool: Optional[Dict[Any, Any]] = {}
         self._root: Optional[str] = None   # realpath of data_dir, resolved once (for symlinks)
         if data_dir is not None:
             if os.path.isdir(data_dir):
@@ -446,8 +448,9 @@ def _split_name(name: str, names: Dict[str, tuple]):
             return None
         if p.io is not None:
             return None
-        hit = names[key] = (p,)
-    return key, hit[0], io, tuple(int(q) for q in parts), rest
+        hit = names[key] = (p, key)
+    return hit[1], hit[0], "input" if io == "input" else ("output" if io == "output" else io), \
+        tuple(int(q) for q in parts), rest
 
 
 def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list],
@@ -478,9 +481,28 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         raise ValueError(f"record {name!r}: {e}") from None
     stats = rec[5] if isinstance(rec[5], list) else []
     extra = rec[6] if len(rec) > 6 and isinstance(rec[6], dict) else {}
+    npy = extra.get("npy")
+    kept = extra
+    pool = b.pool
+    if pool is not None:
+        # a step has a few hundred thousand records and a handful of distinct dtypes, shapes,
+        # slots and extras: one object each (the saved file's name moves to data_file)
+        dtype = pool.setdefault(dtype, dtype)
+        shape = pool.setdefault(shape, shape)
+        if "call" not in extra and len(extra) <= 8:
+            try:
+                items = ("extra",) + tuple((k, v) for k, v in extra.items() if k != "npy")
+                kept = pool.get(items)
+                if kept is None:
+                    kept = pool[items] = dict(items[1:])
+            except TypeError:   # an unhashable value: kept as it is
+                kept = extra
     if quick is not None:
         api_key, p, io, index, slot = quick
-        t = TensorRec(name, api_key, io, index, p.direction, dtype, shape, stats, extra, lineno, slot=slot)
+        if pool is not None:
+            slot = pool.setdefault(slot, slot)
+            index = pool.setdefault(index, index)
+        t = TensorRec(name, api_key, io, index, p.direction, dtype, shape, stats, kept, lineno, slot=slot)
     else:
         if name.endswith(("_" + p.io, "." + p.io)):   # ptdbg's single output without an index
             cut = len(name) - len(p.io) - 1
@@ -492,7 +514,6 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
     if extra.get("ctx"):
         a.ctx = str(extra["ctx"])
     a.tensors.append(t)
-    npy = extra.get("npy")
     if extra and not isinstance(npy, str):
         return  # written by this project: no "npy" means the tensor was not saved (scalar, filtered)
     # a dump without extra (ptdbg's own): a 0-d record of a Python number ("int", "float",
