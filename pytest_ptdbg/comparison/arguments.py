@@ -16,8 +16,11 @@ form by ``dump/reader.py``) and are normalised before they are compared:
 - lists and tuples are the same; devices and the parameters :data:`IGNORED` (``device``,
   ``_stacklevel``, ``inplace``, ``non_blocking``, ``memory_format``) are not compared; ``None``
   equals an omitted parameter;
+- two floating-point dtypes (``x.to(q.dtype)``: bf16 under autocast, fp32 on the bench), or two of
+  their ``finfo`` numbers (``masked_fill(mask, torch.finfo(dtype).min)``), are not a changed
+  argument: they follow the run's precision, and the tensor rows judge it;
 - numbers agree when they differ by at most :data:`FLOAT_RTOL` relative (ints, bools, strings,
-  dtypes exactly): a changed constant of the code (``eps`` 1e-5 vs 1e-2, ``approximate``, ``dim``)
+  other dtypes exactly): a changed constant of the code (``eps`` 1e-5 vs 1e-2, ``approximate``, ``dim``)
   is found, a Python float computed from slightly different data (``.item()``) is not. Under the
   ``dtype`` rule a number within the rule's tolerance (the user's rtol/atol) is the same too
   (``comparison/table.py``).
@@ -486,6 +489,12 @@ def _compare(npu_api: Any, bench_api: Any, sn: dict, sb: dict, npu_kw_named: boo
             shown = av if av is not MISSING else bv
             msg = "" if all(isinstance(x, (int, float)) for _, x in _leaves(shown)) else \
                 f"{name} = {format_value(shown)}"
+        elif _float_dtypes(av, bv):
+            # x.to(q.dtype) is bf16 on an autocast device and fp32 on the bench: a floating dtype
+            # follows the run's precision; what it does to the numbers is in the tensor rows
+            status = "ignored"
+            msg = (f"{name}: {_shown(av, a.given)} vs {_shown(bv, b.given)}: a floating-point dtype follows "
+                   "the run's precision (the tensors are compared)")
         else:
             status = "changed"
             msg = f"{name}: {_shown(av, a.given)} vs {_shown(bv, b.given)}"
@@ -504,6 +513,23 @@ def _compare(npu_api: Any, bench_api: Any, sn: dict, sb: dict, npu_kw_named: boo
                                _slot(a.slot, p) if p in da else "", _slot(b.slot, p) if p in db else "",
                                status, msg, a.given, b.given))
     return out
+
+
+_FLOAT_DTYPES = frozenset({"torch.float16", "torch.bfloat16", "torch.float32", "torch.float64"})
+
+
+#: ``torch.finfo`` max, eps and tiny of fp16, bf16, fp32 and fp64 (``masked_fill(m, finfo(dtype).min)``)
+_FINFO = frozenset({65504.0, 0.0009765625, 6.103515625e-05, 3.3895313892515355e+38, 0.0078125,
+                    1.1754943508222875e-38, 3.4028234663852886e+38, 1.1920928955078125e-07,
+                    1.7976931348623157e+308, 2.220446049250313e-16, 2.2250738585072014e-308})
+
+
+def _float_dtypes(a: Any, b: Any) -> bool:
+    """Both values are floating-point dtypes (``torch.bfloat16`` vs ``torch.float32``), or both are
+    a floating dtype's characteristic numbers (``torch.finfo(dtype).min`` of bf16 vs fp32)."""
+    if all(isinstance(v, _Tag) and v.kind == "dtype" and v.text in _FLOAT_DTYPES for v in (a, b)):
+        return True
+    return all(type(v) is float and abs(v) in _FINFO for v in (a, b))
 
 
 def _shown(v: Any, given: bool) -> str:

@@ -59,10 +59,18 @@ def test_ignored_parameters_strings_and_tolerance():
     m3 = _api("mul", "Tensor", [x, 0.2], {})
     assert A.compare_arguments(m1, m2)[0].status == "same"
     assert A.compare_arguments(m1, m3)[0].status == "changed"
+    # x.to(q.dtype): bf16 under autocast, fp32 on the bench: a floating dtype follows the run's precision
     d1 = _api("softmax", "Torch", [x, -1], {"dtype": {"dtype": "torch.float"}})
-    d2 = _api("softmax", "Torch", [x, -1], {"dtype": {"dtype": "torch.float16"}})
+    d2 = _api("softmax", "Torch", [x, -1], {"dtype": {"dtype": "torch.bfloat16"}})
     dt = _by_param(A.compare_arguments(d1, d2))[("dtype", ())]
-    assert dt.status == "changed" and dt.message == "dtype: torch.float32 vs torch.float16"
+    assert dt.status == "ignored" and dt.message.startswith("dtype: torch.float32 vs torch.bfloat16: a floating")
+    f1 = _api("masked_fill", "Tensor", [x, {"t": "input.1"}, -3.4028234663852886e+38], {})
+    f2 = _api("masked_fill", "Tensor", [x, {"t": "input.1"}, -3.3895313892515355e+38], {})
+    assert _by_param(A.compare_arguments(f1, f2))[("value", ())].status == "ignored"
+    i1 = _api("sum", "Tensor", [x], {"dtype": {"dtype": "torch.int64"}})
+    i2 = _api("sum", "Tensor", [x], {"dtype": {"dtype": "torch.int32"}})
+    it = _by_param(A.compare_arguments(i1, i2))[("dtype", ())]
+    assert it.status == "changed" and it.message == "dtype: torch.int64 vs torch.int32"
 
 
 def test_unknown_api_and_missing_spec():
