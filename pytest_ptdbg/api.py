@@ -21,6 +21,7 @@ import pandas as pd
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.table import build_table
 from pytest_ptdbg.dump import reader
+from pytest_ptdbg.format.gc_pause import paused_gc
 from pytest_ptdbg.format.progress import Progress
 from pytest_ptdbg.report import outputs
 
@@ -108,6 +109,7 @@ def _load(input_param: Dict[str, Any], side: str, problems: List[str],
     return dump
 
 
+@paused_gc()   # a big compare holds ~1e6 small objects: no cyclic GC passes over them (format/gc_pause.py)
 def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = False,
             auto_analyze: bool = True, fuzzy_match: bool = False, rule: str = "ptdbg",
             thresholds: Optional[V.Thresholds] = None, summary_compare: Optional[bool] = None,

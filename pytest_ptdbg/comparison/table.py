@@ -35,6 +35,7 @@ from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, METR
                                              SUMMARY_DIFF_COLUMNS)
 from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
+from pytest_ptdbg.format.gc_pause import paused_gc
 from pytest_ptdbg.format.progress import Progress
 
 
@@ -237,7 +238,14 @@ def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack, summary: b
     return rows, used_n, used_b
 
 
-def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack_mode: bool = False,
+def build_table(npu: Dump, bench: Dump, **kwargs) -> pd.DataFrame:
+    """The compare table of two dumps (see the module docstring and :func:`_build_table`), built
+    with the cyclic garbage collector paused (``format/gc_pause.py``)."""
+    with paused_gc():
+        return _build_table(npu, bench, **kwargs)
+
+
+def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack_mode: bool = False,
                 fuzzy_match: bool = False, rule: str = "ptdbg", thresholds: Optional[V.Thresholds] = None,
                 problems: Optional[List[str]] = None, progress: Optional[Callable[[str], None]] = None,
                 workers: int = WORKERS) -> pd.DataFrame:

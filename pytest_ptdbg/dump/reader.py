@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from pytest_ptdbg.format import records
+from pytest_ptdbg.format.gc_pause import paused_gc
 from pytest_ptdbg.format.manifest import Completeness, judge_completeness
 
 MSPROBE_JSON = "dump.json"
@@ -191,9 +192,10 @@ def read_dump(path: str, data_dir: Optional[str] = None) -> Dump:
     """
     loc = locate(path)
     dd = loc.data_dir if data_dir is None else (data_dir or None)
-    if loc.layout == "msprobe":
-        return _read_msprobe(loc.path, dd)
-    return _read_ptdbg(loc.path, dd)
+    with paused_gc():
+        if loc.layout == "msprobe":
+            return _read_msprobe(loc.path, dd)
+        return _read_ptdbg(loc.path, dd)
 
 
 class _Builder:
