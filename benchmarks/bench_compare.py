@@ -51,6 +51,16 @@ on 32K-element arrays (two threads vs one) is 1.5-1.9x for the ufuncs (subtract,
 max) but ~1.0x for numpy's BLAS dot/matmul, the float32 -> float64 ``copyto`` and
 ``count_nonzero``, which hold the GIL; two processes scale 2x. On this shared 2-core machine the
 second core is rarely free anyway.
+Measured 2026-12-01 21:50-22:05 (issue 12's compare half; load average 3-8 from four other
+engineers, so every time below moves by tens of percent), ``--big 50000`` (50 085 API calls, 105
+MB .pkl, 161 700 rows): statistics compare() 41-48 s before the GC pause, 17-30 s after
+(f020d6f: 38 s), peak RSS 650-690 MiB (f020d6f: 1482 MiB); full tensors 57-68 s, 750-800 MiB;
+workers 2 vs 1 within noise (the row building, not the tensor jobs, dominates small tensors).
+10 000 calls, statistics, same run alternated: 3.56 s / 205 MiB against f020d6f's 6.89 s / 359
+MiB. ``--distributed 16``: 12.45 s with 1 worker, 10.28 s with 2 processes (1.21x at load 8).
+Cosine from n·b (one more sliced dot product per chunk, one copy fewer in the zero-denominator
+fix): the in-memory kernel on 8 M half-zero float32 pairs, one thread, alternated runs:
+0.79-0.87 GB/s before, 0.79-0.90 GB/s after.
 """
 from __future__ import annotations
 
