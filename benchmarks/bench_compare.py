@@ -51,6 +51,7 @@ on 32K-element arrays (two threads vs one) is 1.5-1.9x for the ufuncs (subtract,
 max) but ~1.0x for numpy's BLAS dot/matmul, the float32 -> float64 ``copyto`` and
 ``count_nonzero``, which hold the GIL; two processes scale 2x. On this shared 2-core machine the
 second core is rarely free anyway.
+
 Measured 2026-12-01 21:50-22:05 (issue 12's compare half; load average 3-8 from four other
 engineers, so every time below moves by tens of percent), ``--big 50000`` (50 085 API calls, 105
 MB .pkl, 161 700 rows): statistics compare() 41-48 s before the GC pause, 17-30 s after
