@@ -13,8 +13,14 @@ record or file. ``""`` (not compared) is left only for pairs with nothing to com
 bool tensors without statistics, NaN at the same places everywhere).
 ``table.attrs``: ``summary_compare``, ``stack_mode``, ``rule``.
 
-Tensor pairs are compared by a small thread pool (numpy releases the GIL); each pair is streamed
-from disk chunk by chunk, so memory does not grow with the dump.
+Non-tensor arguments of paired calls are argument rows (``comparison/arguments.py``: ``_arg``,
+``_arg_changed``); a call on one side only is classified (``comparison/code_path.py``:
+``_code_path``). docs/DESIGN.md lists the columns.
+
+Tensor pairs are compared by a small thread pool, or by worker processes for large compares
+(:data:`PROCESS_MIN_BYTES`, :data:`PROCESS_MIN_PAIRS`: numpy holds the GIL in its dot products);
+each pair is streamed from disk chunk by chunk, so memory does not grow with the tensors. The
+table is built into one list per column, with the garbage collector paused.
 """
 from __future__ import annotations
 
