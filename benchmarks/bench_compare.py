@@ -13,6 +13,9 @@ Measured (medians over ``--reps``, warm page cache: one untimed run first):
 * the statistics-only console command (``ptdbg compare --summary``) including process start-up.
 
 ``python benchmarks/bench_compare.py [--dir DIR] [--reps 3]``; the dumps are kept in DIR and reused.
+``--big 50000``: the ~50 000-API-call step (``benchmarks/big_dump.py``: the tiny GPT's step repeated),
+statistics and full tensors, ``compare()`` without replay, time and peak RSS, 2 and 1 workers.
+``--distributed 16``: ``compare_distributed`` over 16 ranks with 1 and 2 worker processes.
 
 Measured 2026-11-29 on the shared 2-core machine (load average 2-4 from other work), 1.386 GB of
 distinct tensor files (both sides; 2.33 GB counting hard-linked copies per row), 2215 rows:
@@ -48,6 +51,17 @@ on 32K-element arrays (two threads vs one) is 1.5-1.9x for the ufuncs (subtract,
 max) but ~1.0x for numpy's BLAS dot/matmul, the float32 -> float64 ``copyto`` and
 ``count_nonzero``, which hold the GIL; two processes scale 2x. On this shared 2-core machine the
 second core is rarely free anyway.
+
+Measured 2026-12-01 21:50-22:05 (issue 12's compare half; load average 3-8 from four other
+engineers, so every time below moves by tens of percent), ``--big 50000`` (50 085 API calls, 105
+MB .pkl, 161 700 rows): statistics compare() 41-48 s before the GC pause, 17-30 s after
+(f020d6f: 38 s), peak RSS 650-690 MiB (f020d6f: 1482 MiB); full tensors 57-68 s, 750-800 MiB;
+workers 2 vs 1 within noise (the row building, not the tensor jobs, dominates small tensors).
+10 000 calls, statistics, same run alternated: 3.56 s / 205 MiB against f020d6f's 6.89 s / 359
+MiB. ``--distributed 16``: 12.45 s with 1 worker, 10.28 s with 2 processes (1.21x at load 8).
+Cosine from n·b (one more sliced dot product per chunk, one copy fewer in the zero-denominator
+fix): the in-memory kernel on 8 M half-zero float32 pairs, one thread, alternated runs:
+0.79-0.87 GB/s before, 0.79-0.90 GB/s after.
 """
 from __future__ import annotations
 
@@ -190,6 +204,86 @@ def cli_summary(d: str, reps: int) -> float:
     return statistics.median(ts)
 
 
+def measure_big(d: str, n_apis: int, kind: str, workers: int, reps: int) -> dict:
+    """Fresh process: ``compare()`` (no replay) of the ~n_apis-call pair, warm; time and VmHWM."""
+    sys.path.insert(0, HERE)
+    from big_dump import make_big_pair
+
+    from pytest_ptdbg import api
+    from pytest_ptdbg.comparison import table
+
+    table.WORKERS = workers
+    npu, bench = make_big_pair(d, n_apis, save_data=(kind == "full"))
+    param = {"npu_pkl_path": npu, "bench_pkl_path": bench, "is_print_compare_log": False}
+    out = os.path.join(d, "out_big")
+    base = _hwm_kb()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        r = api.compare(param, out, replay_check=False)
+        ts.append(time.perf_counter() - t)
+    n_calls = sum(1 for line in open(os.path.join(npu, "api_stack_dump.pkl"), encoding="utf-8")
+                  if '_stack_info"' in line[:300])
+    return {"kind": kind, "workers": workers, "compare_s": statistics.median(ts), "rows": len(r.table),
+            "calls": n_calls, "pkl_mb": os.path.getsize(os.path.join(npu, "api_stack_dump.pkl")) / 2 ** 20,
+            "peak_rss_mb": _hwm_kb() / 1024, "base_rss_mb": base / 1024, "summary": r.summary_compare}
+
+
+def measure_distributed(d: str, ranks: int, workers: int) -> dict:
+    """Fresh process: compare_distributed over ``ranks`` copies of the tiny GPT step pair."""
+    sys.path.insert(0, HERE)
+    from big_dump import _template
+
+    from pytest_ptdbg import api
+
+    steps = []
+    for side, noise in (("npu", 1e-6), ("bench", 0.0)):
+        src = _template(d, noise)
+        step = os.path.join(d, f"dist{ranks}_{side}", "ptdbg_dump_v4.0", "step0")
+        if not os.path.isdir(step):
+            for r in range(ranks):
+                shutil.copytree(src, os.path.join(step, f"rank{r}"))
+        steps.append(step)
+    t = time.perf_counter()
+    res = api.compare_distributed(steps[0], steps[1], os.path.join(d, "out_dist"), workers=workers,
+                                  replay_check=False, is_print_compare_log=False)
+    return {"ranks": ranks, "workers": workers, "s": time.perf_counter() - t, "compared": len(res.results)}
+
+
+def _fresh(args: list) -> dict:
+    p = subprocess.run([sys.executable, __file__] + args, capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    if p.returncode:
+        raise SystemExit(p.stderr)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main_big(d: str, n_apis: int, reps: int) -> None:
+    os.makedirs(d, exist_ok=True)
+    sys.path.insert(0, HERE)
+    from big_dump import make_big_pair
+
+    for full in (False, True):
+        make_big_pair(d, n_apis, save_data=full)
+    for kind in ("stats", "full"):
+        for w in (2, 1):
+            r = _fresh(["--measure-big", "--dir", d, "--big", str(n_apis), "--kind", kind, "--workers", str(w),
+                        "--reps", str(reps)])
+            print(f"{r['calls']} API calls ({r['pkl_mb']:.0f} MB .pkl), {r['rows']} rows, "
+                  f"{'statistics' if kind == 'stats' else 'full tensors'}, workers={w}: compare() "
+                  f"{r['compare_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MiB "
+                  f"({r['base_rss_mb']:.0f} MiB after imports)", flush=True)
+
+
+def main_distributed(d: str, ranks: int) -> None:
+    os.makedirs(d, exist_ok=True)
+    rows = [_fresh(["--measure-dist", "--dir", d, "--ranks", str(ranks), "--workers", str(w)]) for w in (1, 2, 1, 2)]
+    one = statistics.median([r["s"] for r in rows if r["workers"] == 1])
+    two = statistics.median([r["s"] for r in rows if r["workers"] == 2])
+    print(f"compare_distributed, {ranks} ranks of the tiny GPT step: 1 worker {one:.2f} s, "
+          f"2 worker processes {two:.2f} s: {one / two:.2f}x", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/ptdbg_bench_compare")
@@ -197,7 +291,25 @@ def main() -> None:
     ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, default=2, help=argparse.SUPPRESS)
     ap.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--big", type=int, default=0, help="the ~N-call step case only (time and peak RSS)")
+    ap.add_argument("--distributed", type=int, default=0, help="compare_distributed over N ranks only")
+    ap.add_argument("--kind", default="stats", help=argparse.SUPPRESS)
+    ap.add_argument("--ranks", type=int, default=16, help=argparse.SUPPRESS)
+    ap.add_argument("--measure-big", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--measure-dist", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.measure_big:
+        print(json.dumps(measure_big(a.dir, a.big, a.kind, a.workers, a.reps)))
+        return
+    if a.measure_dist:
+        print(json.dumps(measure_distributed(a.dir, a.ranks, a.workers)))
+        return
+    if a.big:
+        main_big(a.dir, a.big, a.reps)
+        return
+    if a.distributed:
+        main_distributed(a.dir, a.distributed)
+        return
     if a.measure:
         print(json.dumps(measure(a.dir, a.reps, a.workers, a.trace)))
         return

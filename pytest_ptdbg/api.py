@@ -21,6 +21,8 @@ import pandas as pd
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.table import build_table
 from pytest_ptdbg.dump import reader
+from pytest_ptdbg.format.gc_pause import paused_gc
+from pytest_ptdbg.format.progress import Progress
 from pytest_ptdbg.judge.step import StepJudgement, judge_step
 from pytest_ptdbg.report import outputs
 
@@ -104,8 +106,8 @@ def _load(input_param: Dict[str, Any], side: str, problems: List[str],
     dkey = f"{side}_dump_data_dir"
     if dkey in input_param:
         data_dir = input_param[dkey] or ""
-    elif os.path.isdir(path):
-        data_dir = None          # found inside the folder
+    elif os.path.isdir(path) or path.endswith(".json"):
+        data_dir = None          # found inside the folder (msprobe: dump_tensor_data beside dump.json)
     else:
         data_dir = ""            # ptdbg: no data dir given -> statistics only
     if data_dir and not os.path.isdir(data_dir):
@@ -150,6 +152,7 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
                     summary_compare, replay_check, replay_device)
 
 
+@paused_gc()   # a big compare holds ~1e6 small objects: no cyclic GC passes over them (format/gc_pause.py)
 def _compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = False,
              auto_analyze: bool = True, fuzzy_match: bool = False, rule: Optional[str] = None,
              thresholds: Optional[V.Thresholds] = None, summary_compare: Optional[bool] = None,
@@ -284,6 +287,44 @@ def _problems_text(problems: List[str], notes: List[str], limit: int = 20) -> st
     return "".join(line + "\n" for line in lines)
 
 
+def _compare_rank(job: tuple) -> tuple:
+    """One rank's compare (in a worker process or inline): ``(rank, kind, value, seconds)`` with
+    kind ``ok`` (value: the CompareResult), ``error`` (a message) or ``output_error``."""
+    rank, pn, pb, output_path, tag, stem, kwargs, log = job
+    t0 = time.perf_counter()
+    param = {"npu_pkl_path": pn, "bench_pkl_path": pb, "is_print_compare_log": log}
+    try:
+        res = _compare(param, output_path, tag=tag, report_stem=stem, **kwargs)
+        return rank, "ok", res, time.perf_counter() - t0
+    except outputs.OutputError as e:
+        return rank, "output_error", str(e), time.perf_counter() - t0
+    except (OSError, ValueError) as e:  # one rank that cannot be compared: the others go on
+        return rank, "error", f"rank{rank} ({pn} vs {pb}): {e}", time.perf_counter() - t0
+
+
+def _rank_results(todo: list, workers: int, log: bool):
+    """Yield each rank's :func:`_compare_rank` as it finishes: in ``workers`` processes (their
+    own logs silent: the caller prints one line per rank), or inline with one worker."""
+    if workers <= 1 or len(todo) <= 1:
+        for job in todo:
+            yield _compare_rank(job + (log,))
+        return
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from pytest_ptdbg.comparison.table import worker_context
+
+    try:
+        ex = ProcessPoolExecutor(max_workers=workers, mp_context=worker_context())
+    except (OSError, ValueError):   # no worker processes here: one by one
+        for job in todo:
+            yield _compare_rank(job + (log,))
+        return
+    with ex:
+        futures = [ex.submit(_compare_rank, job + (False,)) for job in todo]
+        for f in as_completed(futures):
+            yield f.result()
+
+
 def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str,
                         **kwargs: Any) -> DistributedResult:
     """Compare two step folders rank by rank: NPU rank N with bench rank N (numeric order).
@@ -295,7 +336,9 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
     ``compare_result_rank{N}-rank{N}_{stem}.csv`` (+ advisor, HTML) per rank and
     ``distributed_summary_{stem}.txt``, all with the run's ``{timestamp}_{hex}`` stem where free,
     each file created exclusively. ``kwargs`` go to :func:`compare` (``stack_mode``, ``rule``,
-    ``is_print_compare_log``, ...).
+    ``is_print_compare_log``, ...). Ranks are compared in parallel by ``workers`` processes
+    (default: the CPU count, at most 8; ``workers=1``: one by one in this process); each
+    finished rank prints one line with the log on, and a progress bar is drawn on a terminal.
     """
     npu_ranks = dict(reader.rank_dirs(npu_step_dir))
     bench_ranks = dict(reader.rank_dirs(bench_step_dir))
@@ -303,9 +346,11 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
     ts = _timestamp()
     run_stem = outputs.new_stem("", ts)
     log = kwargs.pop("is_print_compare_log", True)
+    workers = kwargs.pop("workers", None)
     results: Dict[Tuple[int, int], CompareResult] = {}
     errors: Dict[Tuple[int, int], str] = {}
     ranks = sorted(set(npu_ranks) | set(bench_ranks))
+    todo = []
     for rank in ranks:
         pn, pb = npu_ranks.get(rank), bench_ranks.get(rank)
         if pn is None or pb is None:
@@ -314,15 +359,23 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
             errors[(rank, rank)] = (f"rank{rank} is only in the {have} dump ({pn or pb}); the {lack} step "
                                     f"folder {lack_dir} has no rank{rank}")
             continue
-        param = {"npu_pkl_path": pn, "bench_pkl_path": pb, "is_print_compare_log": log}
         tag = f"rank{rank}-rank{rank}"
-        try:
-            results[(rank, rank)] = _compare(param, output_path, tag=tag,
-                                             report_stem=f"{tag}_{run_stem}", **kwargs)
-        except outputs.OutputError:
-            raise
-        except (OSError, ValueError) as e:  # one rank that cannot be compared: the others go on
-            errors[(rank, rank)] = f"rank{rank} ({pn} vs {pb}): {e}"
+        todo.append((rank, pn, pb, output_path, tag, f"{tag}_{run_stem}", kwargs))
+    n_workers = min(len(todo), max(1, int(workers if workers is not None else min(os.cpu_count() or 1, 8))))
+    say = (lambda msg: print(f"[ptdbg compare] {msg}", flush=True)) if log else (lambda msg: None)
+    with Progress(len(todo), "compare_distributed") as bar:
+        for k, (rank, kind, value, secs) in enumerate(_rank_results(todo, n_workers, log), 1):
+            if kind == "output_error":
+                raise outputs.OutputError(value)
+            if kind == "ok":
+                results[(rank, rank)] = value
+                state = "agrees" if value.passed else "diverges"
+            else:
+                errors[(rank, rank)] = value
+                state = "not compared"
+            say(f"rank{rank}-rank{rank}: {state} ({secs:.1f} s) [{k}/{len(todo)} ranks]")
+            bar.update(k, f"rank{rank} {state}")
+    results = dict(sorted(results.items()))
     diverging = [k for k, r in results.items() if not r.passed]
     first, first_order = None, None
     for k in (diverging or list(results)):

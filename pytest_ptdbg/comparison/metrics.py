@@ -5,8 +5,9 @@ Definitions (ptdbg's, ``n`` = NPU values, ``b`` = bench values, both flattened):
 - ``cosine`` = n·b / (‖n‖‖b‖); both norms ~0 -> 1.0; one side all zero -> NaN (undefined);
   a single element -> NaN (unsupported, as in ptdbg).
 - ``max_abs_err`` = max |n − b|.
-- relative error r = |n − b| / |b|, with the bench dtype's machine eps as denominator where b == 0
-  (ptdbg's rule); ``max_rel_err`` = max r.
+- relative error r = |n − b| / |b|, with a machine eps as denominator where b == 0 (ptdbg's and
+  msprobe's rule: float32's eps for fp16/bf16/fp32 bench tensors, which both save as float32;
+  float64's for float64 and integers: :func:`zero_eps`); ``max_rel_err`` = max r.
 - ``one_thousandth`` / ``five_thousandths``: **pass fractions**, the share of elements with
   r < 0.001 / r < 0.005 (1.0 is good).
 - ``rel_l2`` = ‖n − b‖₂ / ‖b‖₂ (0 when both are zero, inf when only b is).
@@ -62,6 +63,24 @@ def dtype_eps(dtype: Optional[str]) -> float:
     return DTYPE_EPS.get(d, _F64_EPS)
 
 
+_F32_EPS = float(np.finfo(np.float32).eps)
+#: record dtypes whose zero-bench denominator is float32's eps (ptdbg and msprobe read them as float32)
+_F32_ZERO_EPS = {"float16", "half", "bfloat16", "float32", "float"}
+
+
+def zero_eps(dtype: Optional[str]) -> float:
+    """The denominator of the relative error where the bench value is 0, for a bench record dtype.
+
+    ptdbg and msprobe compare fp16/bf16 tensors as float32 arrays and add float32's eps there (not
+    the 16-bit dtype's, which would make the relative error of a value next to a zero 16 to 64000
+    times smaller); float64 gets its own eps; integers, bool and unknown dtypes float64's.
+    """
+    d = (dtype or "").replace("torch.", "")
+    if d.startswith("<class '") and d.endswith("'>"):
+        d = d[len("<class '"):-2]
+    return _F32_EPS if d in _F32_ZERO_EPS else _F64_EPS
+
+
 @dataclass
 class PairMetrics:
     """Metrics of one tensor pair; NaN where a metric is undefined (see ``message``)."""
@@ -85,11 +104,11 @@ class PairMetrics:
 
 
 class _Acc:
-    __slots__ = ("nn", "bb", "dd", "mabs", "mrel", "c1", "c5", "tolf", "cnt",
+    __slots__ = ("nn", "bb", "nb", "dd", "mabs", "mrel", "c1", "c5", "tolf", "cnt",
                  "nf_n", "nf_b", "mismatch", "size")
 
     def __init__(self) -> None:
-        self.nn = self.bb = self.dd = 0.0
+        self.nn = self.bb = self.nb = self.dd = 0.0
         self.mabs = self.mrel = -math.inf
         self.c1 = self.c5 = self.tolf = self.cnt = self.nf_n = self.nf_b = self.size = 0
         self.mismatch = False
@@ -162,6 +181,7 @@ def _finite_chunk(acc: _Acc, x, y, d, r, m, eps: float, tol, nn=None, bb=None) -
     acc.cnt += k
     acc.nn = _add(acc.nn, _dots(x, x) if nn is None else nn)
     acc.bb = _add(acc.bb, _dots(y, y) if bb is None else bb)
+    acc.nb = _add(acc.nb, _dots(x, y))
     np.subtract(x, y, out=d)
     acc.dd = _add(acc.dd, _dots(d, d))
     np.abs(d, out=d)
@@ -185,8 +205,7 @@ def _finite_chunk(acc: _Acc, x, y, d, r, m, eps: float, tol, nn=None, bb=None) -
         # costs ~8 ns per element on a half-zero ReLU output): y += eps * (y == 0), exact since
         # y + 0.0 == y and 0.0 + eps == eps, so d / y is d / eps exactly where b == 0.
         np.equal(y, 0.0, out=m)
-        np.copyto(r, m)
-        np.multiply(r, eps, out=r)
+        np.multiply(m, eps, out=r)
         np.add(y, r, out=y)
     np.divide(d, y, out=r)
     mrel = float(_maxr(r))
@@ -307,12 +326,25 @@ def _finish(acc: _Acc, size: int) -> PairMetrics:
         msgs.append("all zeros on the bench side: cosine undefined")
         out.zero_side = "bench"
     else:
-        # n·b = (‖n‖² + ‖b‖² − ‖n − b‖²) / 2: one dot product fewer per chunk; the absolute error
-        # of the cosine stays ~1e-16 (‖n − b‖² is summed from the differences themselves).
-        c = 0.5 * (acc.nn + acc.bb - acc.dd) / (nrm_n * nrm_b)
-        out.cosine = min(1.0, max(-1.0, c)) if math.isfinite(c) else math.nan
+        out.cosine = cosine_from_sums(acc.nb, acc.nn, acc.bb, acc.dd)
     out.message = "; ".join(msgs)
     return out
+
+
+def cosine_from_sums(nb: float, nn: float, bb: float, dd: float = math.nan) -> float:
+    """Cosine n·b / (‖n‖‖b‖) from the sums n·b, ‖n‖², ‖b‖² (and ‖n − b‖², when known).
+
+    Computed from n·b itself, never as (‖n‖² + ‖b‖² − ‖n − b‖²) / 2‖n‖‖b‖, which cancels when the
+    norms differ (n = b·1e-15 gave 0.78). Identical data (``dd == 0``) is exactly 1.0; the norms'
+    product is formed as sqrt(‖n‖²)·sqrt(‖b‖²) so it neither overflows nor underflows; the result
+    is clamped to [-1, 1]; NaN when a sum is not finite. Both norms must be > 0.
+    """
+    if dd == 0.0:
+        return 1.0
+    c = nb / (math.sqrt(nn) * math.sqrt(bb))
+    if not math.isfinite(c):
+        return math.nan
+    return min(1.0, max(-1.0, c))
 
 
 def shape_mismatch(npu_shape, bench_shape) -> PairMetrics:
@@ -325,14 +357,14 @@ def compare_arrays(npu, bench, eps: Optional[float] = None,
                    tol: Optional[Tuple[float, float]] = None) -> PairMetrics:
     """All metrics of one pair of arrays (any numeric/bool dtype), chunked, in float64.
 
-    ``eps``: denominator where bench == 0 (default: eps of the bench array's float dtype, float64's
-    for int/bool). ``tol``: optional ``(atol, rtol)`` for ``tol_fail``.
+    ``eps``: denominator where bench == 0 (default: :func:`zero_eps` of the bench array's dtype:
+    float32's for float16/float32, float64's for float64, int and bool). ``tol``: optional ``(atol, rtol)`` for ``tol_fail``.
     """
     n, b = np.asarray(npu), np.asarray(bench)
     if n.shape != b.shape:
         return shape_mismatch(n.shape, b.shape)
     if eps is None:
-        eps = float(np.finfo(b.dtype).eps) if b.dtype.kind == "f" else _F64_EPS
+        eps = zero_eps(b.dtype.name) if b.dtype.kind == "f" else _F64_EPS
     acc = _Acc()
     _run(acc, _flat(n), _flat(b), n.size, eps, tol)
     return _finish(acc, n.size)
@@ -385,6 +417,8 @@ def stat_at(stats, i: int) -> Optional[float]:
     if not stats or len(stats) <= i:
         return None
     v = stats[i]
+    if type(v) is float:   # the common case first
+        return v
     if isinstance(v, bool):
         return float(v)
     if isinstance(v, (int, float)):

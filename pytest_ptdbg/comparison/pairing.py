@@ -1,7 +1,7 @@
 """Pair the APIs of two dumps in execution order by a sequence alignment. No torch.
 
 Two APIs can pair when they have the same family (``{Type}_{api}``) and direction and compatible
-tensor structure: every tensor slot (``input.0``, ``output.1.0`` ...) present on both sides has the
+tensor structure (tensors only: non-tensor arguments never unpair a call): every tensor slot (``input.0``, ``output.1.0`` ...) present on both sides has the
 same shape and the same dtype class (fp16/bf16/fp32/fp64 are one class, ints another, bool another).
 
 The alignment maximises a score over order-preserving pairings (a weighted LCS), so an extra or
@@ -40,8 +40,20 @@ STRONG = 10
 _FLOAT = {"float16", "half", "bfloat16", "float32", "float", "float64", "double"}
 
 
+_CLASS: Dict[str, str] = {}
+
+
 def dtype_class(dtype: str) -> str:
     """``float`` for fp16/bf16/fp32/fp64 (and Python float), ``int``, ``bool``, ``complex``, else the dtype itself."""
+    c = _CLASS.get(dtype)
+    if c is None:
+        c = _dtype_class(dtype)
+        if len(_CLASS) < 4096:   # a dump has a handful of dtypes; a hostile one cannot grow this
+            _CLASS[dtype] = c
+    return c
+
+
+def _dtype_class(dtype: str) -> str:
     d = (dtype or "").replace("torch.", "")
     if d.startswith("<class '") and d.endswith("'>"):   # ptdbg v4's Python scalars: "<class 'int'>"
         d = d[len("<class '"):-2]
@@ -67,8 +79,13 @@ class ApiSig:
 
 
 def signature(api) -> ApiSig:
-    """:class:`ApiSig` of a :class:`~pytest_ptdbg.dump.reader.ApiRec`."""
-    st = tuple(sorted((t.slot, dtype_class(t.dtype), tuple(t.shape)) for t in api.tensors))
+    """:class:`ApiSig` of a :class:`~pytest_ptdbg.dump.reader.ApiRec`.
+
+    Records of Python number arguments (``int``/``float`` dtype, shape []) are not part of the
+    structure: an extra or missing non-tensor argument (``_stacklevel=3``, an explicit default)
+    never unpairs a call nor weakens its pair; the table compares arguments by name instead."""
+    st = tuple(sorted((t.slot, dtype_class(t.dtype), tuple(t.shape)) for t in api.tensors
+                      if not (tuple(t.shape) == () and not str(t.dtype).startswith("torch."))))
     return ApiSig(api.family, api.direction, api.call_index, st)
 
 

@@ -14,7 +14,8 @@ table's columns:
 
 Rows that are unpaired or unusable (``_unusable``: unreadable data, changed shape or dtype
 class), with NaN/Inf at different places, or with nothing compared keep their verdict (no
-threshold changes it): unusable rows never re-judge to pass.
+threshold changes it): unusable rows never re-judge to pass. So do argument rows (``_arg``: a
+changed argument is no matter of tolerance) and one-sided calls' classifications (``_code_path``).
 """
 from __future__ import annotations
 
@@ -76,13 +77,13 @@ def _full_ptdbg(row: Any, th: Any) -> str:
 def _full_dtype(row: Any, th: Any) -> Optional[str]:
     """``Yes``/``No`` when the table's bounds decide the dtype rule, else None."""
     from pytest_ptdbg.comparison import verdict as V
-    from pytest_ptdbg.comparison.metrics import dtype_eps
+    from pytest_ptdbg.comparison.metrics import zero_eps
 
     rtol, atol = V.tolerance(row.get("NPU Tensor Dtype"), row.get("Bench Tensor Dtype"), th)
     err, rel = _f(row.get("MaxAbsErr")), _f(row.get("MaxRelativeErr"))
     if math.isnan(err):
         return None
-    eps = dtype_eps(row.get("Bench Tensor Dtype"))  # MaxRelativeErr's denominator where b == 0
+    eps = zero_eps(row.get("Bench Tensor Dtype"))  # MaxRelativeErr's denominator where b == 0
     if err <= atol * (1 - _MARGIN) or (rel <= rtol * (1 - _MARGIN) and rtol * eps <= atol):
         return "Yes"
     span = max(abs(_f(row.get("Bench max"))), abs(_f(row.get("Bench min"))))
@@ -97,6 +98,15 @@ def _full_dtype(row: Any, th: Any) -> Optional[str]:
                 and 1.0 - within <= frac * (1 - _MARGIN):
             return "Yes"
     return None
+
+
+def _is_argument_or_code_path(row: Any) -> bool:
+    """Rows no threshold changes: a non-tensor argument (same or changed) and a one-sided call's
+    classification (``_arg``, ``_arg_changed``, ``_code_path``)."""
+    arg = row.get("_arg", "")
+    cp = row.get("_code_path", "")
+    return (isinstance(arg, str) and arg != "") or bool(row.get("_arg_changed", False) is True) or \
+        (isinstance(cp, str) and cp != "")
 
 
 def rejudge_table(table: Any, rule: str, th: Any) -> Tuple[Any, List[str]]:
@@ -115,7 +125,7 @@ def rejudge_table(table: Any, rule: str, th: Any) -> Tuple[Any, List[str]]:
     for i, (_, row) in enumerate(out.iterrows()):
         old = verdicts[i]
         if not bool(row.get("_paired", True)) or bool(row.get("_nan_mismatch", False)) or \
-                bool(row.get("_unusable", False)) or \
+                bool(row.get("_unusable", False)) or _is_argument_or_code_path(row) or \
                 _shape(row.get("NPU Tensor Shape")) != _shape(row.get("Bench Tensor Shape")) or \
                 old == "":
             continue

@@ -36,7 +36,7 @@ STACK_COLUMN = "NPU_Stack_Info"
 #: the table's own columns, never written to the CSV (docs/DESIGN.md says what each holds)
 INTERNAL_COLUMNS = ["_api", "_bench_api", "_family", "_direction", "_io", "_index", "_order", "_ctx",
                     "_stack", "_paired", "_rel_l2", "_nan_mismatch", "_npu_nonfinite",
-                    "_bench_nonfinite", "_passed", "_unusable"]
+                    "_bench_nonfinite", "_passed", "_unusable", "_arg", "_arg_changed", "_code_path"]
 
 
 def csv_columns(summary: bool, stack_mode: bool) -> List[str]:

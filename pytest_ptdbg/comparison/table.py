@@ -13,19 +13,27 @@ record or file. ``""`` (not compared) is left only for pairs with nothing to com
 bool tensors without statistics, NaN at the same places everywhere).
 ``table.attrs``: ``summary_compare``, ``stack_mode``, ``rule``.
 
-Tensor pairs are compared by a small thread pool (numpy releases the GIL); each pair is streamed
-from disk chunk by chunk, so memory does not grow with the dump.
+Non-tensor arguments of paired calls are argument rows (``comparison/arguments.py``: ``_arg``,
+``_arg_changed``); a call on one side only is classified (``comparison/code_path.py``:
+``_code_path``). docs/DESIGN.md lists the columns.
+
+Tensor pairs are compared by a small thread pool, or by worker processes for large compares
+(:data:`PROCESS_MIN_BYTES`, :data:`PROCESS_MIN_PAIRS`: numpy holds the GIL in its dot products);
+each pair is streamed from disk chunk by chunk, so memory does not grow with the tensors. The
+table is built into one list per column, with the garbage collector paused.
 """
 from __future__ import annotations
 
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
 
+from pytest_ptdbg.comparison import arguments as A
+from pytest_ptdbg.comparison import code_path as CP
 from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.pairing import dtype_class, pair_apis
@@ -33,10 +41,14 @@ from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, METR
                                              SUMMARY_DIFF_COLUMNS)
 from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
+from pytest_ptdbg.format.gc_pause import paused_gc
+from pytest_ptdbg.format.progress import Progress
 
 
-#: worker threads comparing tensor pairs
+#: worker threads (or processes, for large compares) comparing tensor pairs
 WORKERS = 2
+#: compares of at least this many API calls (or tensor pairs) show a progress bar on a terminal
+BAR_MIN_APIS = 2000
 
 
 def _stat(stats, i: int) -> float:
@@ -71,14 +83,14 @@ def _compare_job(nt: TensorRec, bt: TensorRec, tol) -> Tuple[Optional[M.PairMetr
         return M.shape_mismatch(nt.shape, bt.shape), ""
     if "complex" in nt.dtype or "complex" in bt.dtype:
         try:
-            return M.compare_arrays(_as_real(nt), _as_real(bt), M.dtype_eps(bt.dtype), tol), ""
+            return M.compare_arrays(_as_real(nt), _as_real(bt), M.zero_eps(bt.dtype), tol), ""
         except (ValueError, OSError) as e:
             return None, str(e)
     a = b = None
     try:
         a = _source(nt)
         b = _source(bt)
-        return M.compare_streams(a, b, M.dtype_eps(bt.dtype), tol), ""
+        return M.compare_streams(a, b, M.zero_eps(bt.dtype), tol), ""
     except (ValueError, OSError) as e:
         return None, str(e)
     finally:
@@ -87,9 +99,9 @@ def _compare_job(nt: TensorRec, bt: TensorRec, tol) -> Tuple[Optional[M.PairMetr
                 s.close()
 
 
-def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec]):
-    nts = na.tensors if na else []
-    bts = ba.tensors if ba else []
+def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec], skip: Callable[[TensorRec], bool] = lambda t: False):
+    nts = [t for t in na.tensors if not skip(t)] if na else []
+    bts = [t for t in ba.tensors if not skip(t)] if ba else []
     by_slot = {t.slot: t for t in bts}
     used = set()
     out = []
@@ -102,7 +114,144 @@ def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec]):
     return out
 
 
-def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack_mode: bool = False,
+def _loader(t: TensorRec) -> np.ndarray:
+    """A record's saved data as an array (memory-mapped ``.npy``; msprobe ``.pt`` loaded)."""
+    if t.data_file.endswith(".pt"):
+        return npy.load_pt(t.data_file, t.name, t.shape, t.dtype)
+    return npy.load_npy(t.data_file, t.name, t.shape, t.dtype, mmap=True)
+
+
+def _code_paths(steps, summary: bool) -> dict:
+    """``{(side, API key): (kind, message)}`` for every call recorded on one side only."""
+    one = [("NPU", na) if na is not None else ("bench", ba) for na, ba in steps if (na is None) != (ba is None)]
+    one.sort(key=lambda sa: sa[1].direction == "backward")   # forwards first: backwards read them
+    kinds: dict = {}
+    for side, api in one:
+        fwd = ""
+        for bw, fw in (("_backward", "_forward"), (".backward", ".forward")):
+            if api.key.endswith(bw):
+                fwd = kinds.get((side, api.key[: -len(bw)] + fw), ("", ""))[0]
+        kinds[(side, api.key)] = CP.classify(api, summary, fwd, None if summary else _loader)
+    return kinds
+
+
+_NAN4 = (math.nan, math.nan, math.nan, math.nan)
+
+
+def _stats4(t: Optional[TensorRec]) -> tuple:
+    if t is None:
+        return _NAN4
+    st = t.stats
+    if len(st) == 4 and all(type(v) is float for v in st):   # the common case
+        return tuple(st)
+    return tuple(_stat(st, k) for k in range(4))
+
+
+def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Optional[ApiRec],
+         ba: Optional[ApiRec], stack, summary: bool) -> dict:
+    t = nt or bt
+    n1, n2, n3, n4 = _stats4(nt)
+    b1, b2, b3, b4 = _stats4(bt)
+    nan = math.nan
+    r = {
+        "NPU Name": nt.name if nt else "",
+        "Bench Name": bt.name if bt else "",
+        "NPU Tensor Dtype": nt.dtype if nt else "",
+        "Bench Tensor Dtype": bt.dtype if bt else "",
+        "NPU Tensor Shape": list(nt.shape) if nt else [],
+        "Bench Tensor Shape": list(bt.shape) if bt else [],
+        "NPU max": n1, "Bench max": b1, "NPU min": n2, "Bench min": b2,
+        "NPU mean": n3, "Bench mean": b3, "NPU l2norm": n4, "Bench l2norm": b4,
+    }
+    if summary:
+        r["Max diff"] = r["Min diff"] = r["Mean diff"] = r["L2norm diff"] = nan
+    else:
+        r["Cosine"] = r["MaxAbsErr"] = r["MaxRelativeErr"] = r["One Thousandth Err Ratio"] = \
+            r["Five Thousandths Err Ratio"] = nan
+    r.update({
+        "Accuracy Reached or Not": "", "Err_message": "",
+        "_api": api.key, "_bench_api": ba.key if ba else "", "_family": api.family,
+        "_direction": api.direction, "_io": t.io if t else "input", "_index": t.index_str if t else "",
+        "_order": api.order,
+        "_ctx": (na.ctx if na else "") or (ba.ctx if ba else ""), "_stack": stack,
+        "_paired": bool(nt and bt), "_rel_l2": nan, "_nan_mismatch": False,
+        "_npu_nonfinite": _nonfinite_from_stats(nt) if nt else 0,
+        "_bench_nonfinite": _nonfinite_from_stats(bt) if bt else 0, "_passed": True,
+        "_unusable": False, "_arg": "", "_arg_changed": False, "_code_path": "",
+    })
+    return r
+
+
+def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack, summary: bool, rule: str,
+              th: V.Thresholds) -> Tuple[List[dict], set, set]:
+    """One row per argument leaf of a paired call; the record slots they stand for on each side."""
+    rows = []
+    n_rec = {t.slot: t for t in na.tensors if A.is_scalar_record(t)}
+    b_rec = {t.slot: t for t in ba.tensors if A.is_scalar_record(t)}
+    used_n, used_b = set(), set()
+    sep_n, sep_b = A.name_sep(na.key), A.name_sep(ba.key)
+    for leaf in leaves:
+        if leaf.status == "ignored" and not (leaf.npu_slot in n_rec or leaf.bench_slot in b_rec):
+            continue   # ignored and not recorded either side: nothing to show
+        nrec, brec = n_rec.get(leaf.npu_slot), b_rec.get(leaf.bench_slot)
+        used_n.add(leaf.npu_slot)
+        used_b.add(leaf.bench_slot)
+        sub = "".join(f".{i}" for i in leaf.path)
+        r = _row(nrec, brec, na, na, ba, stack, summary)
+        have_n, have_b = leaf.npu_value is not A.MISSING, leaf.bench_value is not A.MISSING
+        r["NPU Name"] = nrec.name if nrec else (
+            f"{na.key}{sep_n}{leaf.npu_slot or 'input.' + leaf.param + sub}" if have_n else "")
+        r["Bench Name"] = brec.name if brec else (
+            f"{ba.key}{sep_b}{leaf.bench_slot or 'input.' + leaf.param + sub}" if have_b else "")
+        r["NPU Tensor Dtype"] = nrec.dtype if nrec else (A.leaf_dtype(leaf.npu_value) if have_n else "")
+        r["Bench Tensor Dtype"] = brec.dtype if brec else (A.leaf_dtype(leaf.bench_value) if have_b else "")
+        r["NPU Tensor Shape"] = []
+        r["Bench Tensor Shape"] = []
+        a, b = A.leaf_value(leaf.npu_value), A.leaf_value(leaf.bench_value)
+        for side, v in (("NPU", a), ("Bench", b)):
+            for k in ("max", "min", "mean"):
+                r[f"{side} {k}"] = v if v is not None else math.nan
+            r[f"{side} l2norm"] = abs(v) if v is not None else math.nan
+        r["_io"] = "input"
+        r["_index"] = (leaf.npu_slot or leaf.bench_slot or "input." + leaf.param + sub)[len("input."):]
+        r["_paired"] = have_n and have_b
+        r["_arg"] = leaf.param
+        r["_npu_nonfinite"] = int(a is not None and not math.isfinite(a))
+        r["_bench_nonfinite"] = int(b is not None and not math.isfinite(b))
+        # an argument row carries no tensor error (_rel_l2 0, no summary diffs): what it says is
+        # _arg_changed; its values are in the statistics columns, their difference in MaxAbsErr
+        r["_rel_l2"] = 0.0 if have_n and have_b else math.nan
+        if a is not None and b is not None and not summary:
+            m = M.compare_arrays(np.array(a), np.array(b), eps=M.zero_eps(r["Bench Tensor Dtype"]))
+            r["MaxAbsErr"], r["MaxRelativeErr"] = m.max_abs_err, m.max_rel_err
+            r["One Thousandth Err Ratio"], r["Five Thousandths Err Ratio"] = m.one_thousandth, m.five_thousandths
+        status, message = leaf.status, leaf.message
+        if status == "changed" and rule == "dtype" and a is not None and b is not None \
+                and not isinstance(leaf.npu_value, bool) and not isinstance(leaf.bench_value, bool):
+            # the dtype rule's tolerances (the user's rtol/atol) apply to numbers, arguments included
+            rtol, atol = V.tolerance(r["NPU Tensor Dtype"], r["Bench Tensor Dtype"], th)
+            if abs(a - b) <= atol + rtol * abs(b):
+                status, message = "same", f"{leaf.message} (within the dtype rule's tolerance)"
+        if status == "changed":
+            r["Accuracy Reached or Not"] = "No"
+            r["_passed"] = False
+            r["_arg_changed"] = True
+        else:
+            r["Accuracy Reached or Not"] = "Yes" if status == "same" else ""
+            r["_passed"] = True
+        r["Err_message"] = message
+        rows.append(r)
+    return rows, used_n, used_b
+
+
+def build_table(npu: Dump, bench: Dump, **kwargs) -> pd.DataFrame:
+    """The compare table of two dumps (see the module docstring and :func:`_build_table`), built
+    with the cyclic garbage collector paused (``format/gc_pause.py``)."""
+    with paused_gc():
+        return _build_table(npu, bench, **kwargs)
+
+
+def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack_mode: bool = False,
                 fuzzy_match: bool = False, rule: str = "ptdbg", thresholds: Optional[V.Thresholds] = None,
                 problems: Optional[List[str]] = None, progress: Optional[Callable[[str], None]] = None,
                 workers: int = WORKERS) -> pd.DataFrame:
@@ -117,42 +266,40 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
         summary = not (npu.has_data and bench.has_data)
     problems = problems if problems is not None else []
     steps = pair_apis(npu.apis, bench.apis, fuzzy=fuzzy_match)
-    rows = []
+    kinds = _code_paths(steps, summary)
+    cols = (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS
+    rows = _Columns(cols)   # each finished row goes into one list per column (no dict per row kept)
     jobs = []
-    for na, ba in steps:
+    # long work: a progress bar where a person waits (a terminal), nothing elsewhere
+    bar = Progress(len(steps), "compare: pairing", enabled=None if len(steps) >= BAR_MIN_APIS else False)
+    for k_step, (na, ba) in enumerate(steps):
+        if not k_step & 255:
+            bar.update(k_step)
         stack = na.stack if na is not None else (ba.stack if ba is not None else None)
         api = na if na is not None else ba
-        for nt, bt in _pair_tensors(na, ba):
+        leaves = A.compare_arguments(na, ba, npu.layout == "msprobe", bench.layout == "msprobe") \
+            if na is not None and ba is not None else None
+        pairs = _pair_tensors(na, ba, A.is_scalar_record if leaves is not None else (lambda t: False))
+        arg_rows: List[dict] = []
+        if leaves is not None:
+            arg_rows, used_n, used_b = _arg_rows(leaves, na, ba, stack, summary, rule, th)
+            # scalar records the call specs do not account for: compared slot by slot
+            pairs += _pair_tensors(na, ba, lambda t: not A.is_scalar_record(t) or
+                                   t.slot in (used_n if t.api == na.key else used_b))
+        n_inputs = sum(1 for nt, bt in pairs if (nt or bt).io == "input") if arg_rows else 0
+        for k, (nt, bt) in enumerate(pairs):
+            if arg_rows and k == n_inputs:
+                rows.extend(arg_rows)
+                arg_rows = []
             t = nt or bt
-            r = {
-                "NPU Name": nt.name if nt else "",
-                "Bench Name": bt.name if bt else "",
-                "NPU Tensor Dtype": nt.dtype if nt else "",
-                "Bench Tensor Dtype": bt.dtype if bt else "",
-                "NPU Tensor Shape": list(nt.shape) if nt else [],
-                "Bench Tensor Shape": list(bt.shape) if bt else [],
-            }
-            for k, name in enumerate(("max", "min", "mean", "l2norm")):
-                r[f"NPU {name}"] = _stat(nt.stats, k) if nt else math.nan
-                r[f"Bench {name}"] = _stat(bt.stats, k) if bt else math.nan
-            for c in (SUMMARY_DIFF_COLUMNS if summary else METRIC_COLUMNS):
-                r[c] = math.nan
-            r["Accuracy Reached or Not"] = ""
-            r["Err_message"] = ""
-            r.update({
-                "_api": api.key, "_bench_api": ba.key if ba else "", "_family": api.family,
-                "_direction": api.direction, "_io": t.io, "_index": t.index_str, "_order": api.order,
-                "_ctx": (na.ctx if na else "") or (ba.ctx if ba else ""), "_stack": stack,
-                "_paired": bool(nt and bt), "_rel_l2": math.nan, "_nan_mismatch": False,
-                "_npu_nonfinite": _nonfinite_from_stats(nt) if nt else 0,
-                "_bench_nonfinite": _nonfinite_from_stats(bt) if bt else 0, "_passed": True,
-                "_unusable": False,
-            })
+            r = _row(nt, bt, api, na, ba, stack, summary)
             if nt is None or bt is None:
-                if na is None:
-                    _unusable(r, f"bench API {ba.key} has no matching NPU API (unpaired)")
-                elif ba is None:
-                    _unusable(r, f"NPU API {na.key} has no matching bench API (unpaired)")
+                if na is None or ba is None:
+                    side = "NPU" if ba is None else "bench"
+                    other = "bench" if ba is None else "NPU"
+                    msg = f"{side} API {api.key} has no matching {other} API (unpaired)"
+                    kind, why = kinds.get((side, api.key), ("", ""))
+                    _code_path_row(r, msg, kind, why)
                 else:
                     side = "bench" if bt is None else "NPU"
                     _unusable(r, f"no {side} tensor {t.slot} for this API (unpaired tensor)")
@@ -182,12 +329,85 @@ def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack
                 if nt.data_problem or bt.data_problem:
                     problems.append(why)
             rows.append(r)
+        rows.extend(arg_rows)
+    bar.update(len(steps))
+    bar.close()
     if jobs:
-        _run_jobs(rows, jobs, rule, th, problems, progress, workers)
-    cols = (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS
-    df = pd.DataFrame(rows, columns=cols) if rows else pd.DataFrame({c: [] for c in cols})
+        bar = Progress(0, "compare: tensors", enabled=None if len(jobs) >= BAR_MIN_APIS else False)
+        tell = progress
+        if bar.enabled:
+            def tell(msg: str, _p=progress) -> None:
+                done, _, total = msg.split()[1].partition("/")
+                bar.total = int(total)
+                bar.update(int(done))
+                if _p:
+                    _p(msg)
+        _run_jobs(rows, jobs, rule, th, problems, tell, workers)
+        bar.close()
+    # from columns: pandas builds a frame from a list of dicts cell by cell
+    df = pd.DataFrame(rows.data, columns=cols) if len(rows) else pd.DataFrame({c: [] for c in cols})
+    rows.data = {}
     df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule})
     return df
+
+
+def _code_path_row(r: dict, message: str, kind: str, why: str) -> None:
+    """A row of a call recorded on one side only, by its classification (``comparison/code_path.py``):
+    bookkeeping passes, value-changing fails (a root cause, not unusable data), unclassified is unusable."""
+    if kind == CP.BOOKKEEPING:
+        r["_code_path"] = kind
+        r["Err_message"] = f"{message}; {why}"
+    elif kind == CP.VALUE_CHANGING:
+        r["_code_path"] = kind
+        r["Accuracy Reached or Not"] = "No"
+        r["_passed"] = False
+        r["Err_message"] = f"{message}; {why}"
+    else:
+        _unusable(r, f"{message}; {why}" if why else message)
+
+
+class _Row:
+    """Row ``i`` of a :class:`_Columns` as a mapping (for the few rows filled in after the loop)."""
+
+    __slots__ = ("data", "i")
+
+    def __init__(self, data: dict, i: int) -> None:
+        self.data, self.i = data, i
+
+    def __getitem__(self, key: str):
+        return self.data[key][self.i]
+
+    def __setitem__(self, key: str, value) -> None:
+        self.data[key][self.i] = value
+
+    def get(self, key: str, default=None):
+        col = self.data.get(key)
+        return default if col is None else col[self.i]
+
+
+class _Columns:
+    """The table being built: one list per column; ``append`` takes a row dict and keeps its values."""
+
+    def __init__(self, cols: List[str]) -> None:
+        self.cols = list(cols)
+        self.data = {c: [] for c in self.cols}
+        self._add = [(c, self.data[c].append) for c in self.cols]
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def append(self, r: dict) -> None:
+        for c, add in self._add:
+            add(r[c])
+        self.n += 1
+
+    def extend(self, rs) -> None:
+        for r in rs:
+            self.append(r)
+
+    def row(self, i: int) -> _Row:
+        return _Row(self.data, i)
 
 
 def _unusable(r: dict, message: str) -> None:
@@ -209,7 +429,7 @@ def _scalar_row(r: dict, nt: TensorRec, bt: TensorRec, rule: str, th: V.Threshol
     if rule == "dtype":
         rtol, atol = V.tolerance(nt.dtype, bt.dtype, th)
         tol = (atol, rtol)
-    m = M.compare_arrays(np.array(a), np.array(b), eps=M.dtype_eps(bt.dtype), tol=tol)
+    m = M.compare_arrays(np.array(a), np.array(b), eps=M.zero_eps(bt.dtype), tol=tol)
     _fill_metrics(r, m, nt, bt, rule, th)
 
 
@@ -247,6 +467,62 @@ def _summary_row(r: dict, nt: TensorRec, bt: TensorRec, rule: str, th: V.Thresho
     r["Err_message"] = "; ".join(msgs)
 
 
+#: tensor pairs are compared by worker *processes* (numpy holds the GIL in its BLAS dot products
+#: and casts, so threads scale ~1.0-1.1x) when there is at least this much data or pairs to compare;
+#: smaller compares use threads (starting processes costs ~50 ms)
+PROCESS_MIN_BYTES = 32 << 20
+PROCESS_MIN_PAIRS = 4096
+
+
+class _Lite:
+    """The fields of a tensor record a comparison job needs (sent to worker processes)."""
+
+    __slots__ = ("data_file", "name", "shape", "dtype")
+
+    def __init__(self, data_file: str, name: str, shape: tuple, dtype: str) -> None:
+        self.data_file, self.name, self.shape, self.dtype = data_file, name, shape, dtype
+
+
+def _job_spec(nt, bt, tol) -> tuple:
+    return (nt.data_file, nt.name, tuple(nt.shape), nt.dtype, bt.data_file, bt.name, tuple(bt.shape), bt.dtype, tol)
+
+
+def _compare_specs(specs: List[tuple]) -> List[Tuple[Optional[M.PairMetrics], str]]:
+    """Worker process: compare a chunk of tensor pairs."""
+    return [_compare_job(_Lite(*s[0:4]), _Lite(*s[4:8]), s[8]) for s in specs]
+
+
+def _pair_bytes(nt, bt) -> int:
+    n = 1
+    for d in nt.shape:
+        n *= int(d)
+    return 8 * n   # both sides, ~4 bytes each
+
+
+def _chunks(unique: list, nbytes: int, workers: int) -> List[Tuple[int, int]]:
+    """``[(start, stop), ...]`` of about 8 chunks per worker by bytes, at most 2048 pairs each."""
+    target = max(1, nbytes // (8 * workers))
+    out, a, acc = [], 0, 0
+    for i, job in enumerate(unique):
+        acc += _pair_bytes(job[1], job[2])
+        if acc >= target or i + 1 - a >= 2048:
+            out.append((a, i + 1))
+            a, acc = i + 1, 0
+    if a < len(unique):
+        out.append((a, len(unique)))
+    return out
+
+
+def worker_context():
+    """``fork`` where it is safe and fast (no torch threads in this process), else ``spawn``."""
+    import multiprocessing as mp
+    import sys
+
+    if "fork" in mp.get_all_start_methods() and "torch" not in sys.modules:
+        return mp.get_context("fork")
+    return mp.get_context("spawn")
+
+
 def _run_jobs(rows, jobs, rule, th, problems, progress, workers) -> None:
     def work(job):
         _, nt, bt, tol = job
@@ -264,17 +540,39 @@ def _run_jobs(rows, jobs, rule, th, problems, progress, workers) -> None:
             unique.append(job)
         owner.append(first_of[key])
     total = len(unique)
-    step = max(1, total // 10)
     results: List = [None] * total
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
-        for k, res in enumerate(ex.map(work, unique)):
-            results[k] = res
-            if progress and ((k + 1) % step == 0 or k + 1 == total):
-                progress(f"compared {k + 1}/{total} tensor pairs")
+    nbytes = sum(_pair_bytes(job[1], job[2]) for job in unique)
+    done = 0
+    last = [-1]
+
+    def tell(k: int) -> None:
+        if progress and (k * 10 // max(total, 1) != last[0] or k == total):
+            last[0] = k * 10 // max(total, 1)
+            progress(f"compared {k}/{total} tensor pairs")
+
+    if workers > 1 and (nbytes >= PROCESS_MIN_BYTES or total >= PROCESS_MIN_PAIRS):
+        chunks = _chunks(unique, nbytes, workers)
+        try:
+            ex = ProcessPoolExecutor(max_workers=workers, mp_context=worker_context())
+        except (OSError, ValueError):   # no processes here (a sandbox): threads
+            ex = None
+        if ex is not None:
+            with ex:
+                for lo, res in zip([c[0] for c in chunks],
+                                   ex.map(_compare_specs, [[_job_spec(*unique[i][1:]) for i in range(a, b)]
+                                                           for a, b in chunks])):
+                    results[lo:lo + len(res)] = res
+                    done += len(res)
+                    tell(done)
+    if done < total:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
+            for k, res in enumerate(ex.map(work, unique)):
+                results[k] = res
+                tell(k + 1)
     for job, u in zip(jobs, owner):
         m, err = results[u]
         idx, nt, bt, _ = job
-        r = rows[idx]
+        r = rows.row(idx)
         if m is None:
             _unusable(r, f"no data to compare (Nan): {err}")
             problems.append(err)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from pytest_ptdbg.format import records
+from pytest_ptdbg.format.gc_pause import paused_gc
 from pytest_ptdbg.format.manifest import Completeness, judge_completeness
 
 MSPROBE_JSON = "dump.json"
@@ -34,14 +35,14 @@ MAX_DEPTH = 64
 MAX_LINE_PROBLEMS = 50
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorRec:
-    """One tensor record."""
+    """One tensor record (slotted: a 50 000-call step holds a few hundred thousand of them)."""
 
     name: str
     api: str
     io: str
-    index: Tuple[int, ...]
+    index: Tuple[Any, ...]           # ints; msprobe's keyword arguments have their name (input.weight)
     direction: str
     dtype: str
     shape: Tuple[int, ...]
@@ -51,15 +52,16 @@ class TensorRec:
     data_file: Optional[str] = None   # safe path of the saved tensor, when there is one
     data_problem: str = ""            # why there is none although the dump has a data dir
     data_inode: int = 0               # inode of data_file (hard-linked copies share it)
+    #: ``input.0`` / ``output.1.0``: the tensor's place within its API (computed when not given)
+    slot: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.slot:
+            self.slot = f"{self.io}." + ".".join(str(i) for i in self.index)
 
     @property
     def index_str(self) -> str:
-        return ".".join(str(i) for i in self.index)
-
-    @property
-    def slot(self) -> str:
-        """``input.0`` / ``output.1.0``: the tensor's place within its API."""
-        return f"{self.io}.{self.index_str}"
+        return self.slot[len(self.io) + 1:]
 
     @property
     def nonfinite(self) -> int:
@@ -79,10 +81,12 @@ class ApiRec:
     tensors: List[TensorRec] = field(default_factory=list)
     stack: Optional[list] = None
     ctx: str = ""
+    #: ``{Type}_{api}`` (e.g. ``Functional_softmax``), computed when not given
+    family: str = ""
 
-    @property
-    def family(self) -> str:
-        return f"{self.api_type}_{self.api_name}"
+    def __post_init__(self) -> None:
+        if not self.family:
+            self.family = f"{self.api_type}_{self.api_name}"
 
 
 @dataclass
@@ -188,9 +192,10 @@ def read_dump(path: str, data_dir: Optional[str] = None) -> Dump:
     """
     loc = locate(path)
     dd = loc.data_dir if data_dir is None else (data_dir or None)
-    if loc.layout == "msprobe":
-        return _read_msprobe(loc.path, dd)
-    return _read_ptdbg(loc.path, dd)
+    with paused_gc():
+        if loc.layout == "msprobe":
+            return _read_msprobe(loc.path, dd)
+        return _read_ptdbg(loc.path, dd)
 
 
 class _Builder:
@@ -200,6 +205,8 @@ class _Builder:
         self.problems = problems
         self.data_dir = data_dir
         self.files = None
+        #: shared objects for repeated values (dtypes, shapes, slots, extras); None: no sharing
+        self.pool: Optional[Dict[Any, Any]] = {}
         self._root: Optional[str] = None   # realpath of data_dir, resolved once (for symlinks)
         if data_dir is not None:
             if os.path.isdir(data_dir):
@@ -343,12 +350,25 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
     complete_lines = 0
     ours = False
     bad = 0
+    # stack records repeat (every layer's calls come from the same lines of code): one parse per
+    # distinct text, and the APIs share one frames list
+    stack_cache: Dict[bytes, list] = {}
+    names: Dict[str, tuple] = {}
     with f:
         for lineno, raw, whole in _lines(f, pkl, problems):
             if not raw.strip():
                 continue
             if whole:
                 complete_lines += 1
+            skey = None
+            if whole and raw.startswith(b'["'):
+                j = raw.find(b'"', 2)
+                if j > 13 and raw[j - 11:j] == b"_stack_info" and b"\\" not in raw[2:j]:
+                    skey = raw[j + 1:]
+                    frames = stack_cache.get(skey)
+                    if frames is not None:
+                        stacks[raw[2:j - 11].decode("utf-8", "replace")] = frames
+                        continue
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -373,7 +393,9 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
             if isinstance(rec, list) and len(rec) > 6 and isinstance(rec[6], dict):
                 ours = True
             try:
-                _add_ptdbg_record(b, rec, lineno, stacks)
+                _add_ptdbg_record(b, rec, lineno, stacks, names)
+                if skey is not None and records.is_stack_record(rec):
+                    stack_cache[skey] = stacks[rec[0][: -len(records.STACK_SUFFIX)]]
             except ValueError as e:
                 bad += 1
                 if bad <= MAX_LINE_PROBLEMS:
@@ -398,7 +420,43 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
     return dump
 
 
-def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list]) -> None:
+def _split_name(name: str, names: Dict[str, tuple]):
+    """``(api key, parsed API key, io, index, slot)`` of a tensor name, the API key parsed once
+    (cached in ``names``); None where the quick split does not apply (then ``parse_name`` decides)."""
+    i = name.rfind("put.")
+    if i < 3:
+        return None
+    if name[i - 3:i] in ("_in", ".in"):
+        cut = i - 3
+    elif name[i - 4:i] in ("_out", ".out"):
+        cut = i - 4
+    else:
+        return None
+    rest = name[cut + 1:]
+    io, _, idx = rest.partition(".")
+    if len(idx) == 1 and idx.isdigit():
+        parts = [idx]
+    else:
+        parts = idx.split(".")
+        for q in parts:
+            if not (q.isascii() and q.isdigit()) or (len(q) > 1 and q[0] == "0"):
+                return None
+    key = name[:cut]
+    hit = names.get(key)
+    if hit is None:
+        try:
+            p = records.parse_name(key)
+        except ValueError:
+            return None
+        if p.io is not None:
+            return None
+        hit = names[key] = (p, key)
+    return hit[1], hit[0], "input" if io == "input" else ("output" if io == "output" else io), \
+        tuple(int(q) for q in parts), rest
+
+
+def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list],
+                      names: Optional[Dict[str, tuple]] = None) -> None:
     if not isinstance(rec, list) or not rec or not isinstance(rec[0], str):
         raise ValueError("not a ptdbg record (expected a JSON array starting with a name)")
     if records.is_stack_record(rec):
@@ -410,9 +468,11 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
     name = rec[0]
     if len(rec) < 6:
         raise ValueError(f"record {name!r}: {len(rec)} fields, at least 6 expected")
-    p = records.parse_name(name)
-    if p.io is None:
-        raise ValueError(f"record {name!r}: a tensor name needs _input.N or _output.N")
+    quick = _split_name(name, names) if names is not None else None
+    if quick is None:
+        p = records.parse_name(name)
+        if p.io is None:
+            raise ValueError(f"record {name!r}: a tensor name needs _input.N or _output.N")
     # rec[1] (0, or 1 in some ptdbg v4 dumps) and rec[2] are not used
     dtype = rec[3]
     if not isinstance(dtype, str):
@@ -423,17 +483,39 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         raise ValueError(f"record {name!r}: {e}") from None
     stats = rec[5] if isinstance(rec[5], list) else []
     extra = rec[6] if len(rec) > 6 and isinstance(rec[6], dict) else {}
-    if name.endswith(("_" + p.io, "." + p.io)):   # ptdbg's single output without an index
-        cut = len(name) - len(p.io) - 1
+    npy = extra.get("npy")
+    kept = extra
+    pool = b.pool
+    if pool is not None:
+        # a step has a few hundred thousand records and a handful of distinct dtypes, shapes,
+        # slots and extras: one object each (the saved file's name moves to data_file)
+        dtype = pool.setdefault(dtype, dtype)
+        shape = pool.setdefault(shape, shape)
+        if "call" not in extra and len(extra) <= 8:
+            try:
+                items = ("extra",) + tuple((k, v) for k, v in extra.items() if k != "npy")
+                kept = pool.get(items)
+                if kept is None:
+                    kept = pool[items] = dict(items[1:])
+            except TypeError:   # an unhashable value: kept as it is
+                kept = extra
+    if quick is not None:
+        api_key, p, io, index, slot = quick
+        if pool is not None:
+            slot = pool.setdefault(slot, slot)
+            index = pool.setdefault(index, index)
+        t = TensorRec(name, api_key, io, index, p.direction, dtype, shape, stats, kept, lineno, slot=slot)
     else:
-        cut = max(name.rfind("_" + p.io + "."), name.rfind("." + p.io + "."))
-    api_key = name[:cut]
-    t = TensorRec(name, api_key, p.io, p.index or (), p.direction, dtype, shape, stats, extra, lineno)
-    a = b.api(api_key, p)
+        if name.endswith(("_" + p.io, "." + p.io)):   # ptdbg's single output without an index
+            cut = len(name) - len(p.io) - 1
+        else:
+            cut = max(name.rfind("_" + p.io + "."), name.rfind("." + p.io + "."))
+        api_key = name[:cut]
+        t = TensorRec(name, api_key, p.io, p.index or (), p.direction, dtype, shape, stats, extra, lineno)
+    a = b.apis.get(api_key) or b.api(api_key, p)
     if extra.get("ctx"):
         a.ctx = str(extra["ctx"])
     a.tensors.append(t)
-    npy = extra.get("npy")
     if extra and not isinstance(npy, str):
         return  # written by this project: no "npy" means the tensor was not saved (scalar, filtered)
     # a dump without extra (ptdbg's own): a 0-d record of a Python number ("int", "float",
@@ -482,7 +564,7 @@ def _read_msprobe_stacks(path: str, problems: List[str]) -> Dict[str, list]:
     return out
 
 
-def _walk(value: Any, prefix: Tuple[int, ...]):
+def _walk(value: Any, prefix: Tuple[Any, ...]):
     """Yield (index path, tensor dict) of tensors in a nested msprobe argument structure."""
     if isinstance(value, dict):
         if "dtype" in value and "shape" in value:
@@ -491,6 +573,48 @@ def _walk(value: Any, prefix: Tuple[int, ...]):
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             yield from _walk(v, prefix + (i,))
+
+
+#: msprobe's ``{"type": ..., "value": ...}`` scalar types that become scalar records (as ptdbg lists them)
+_MSPROBE_NUMBERS = {"int": int, "float": float, "bool": bool}
+
+
+def _msprobe_spec(value: Any, slot: str) -> Any:
+    """msprobe's description of one argument as a call-spec value (docs/DESIGN.md), as data only:
+    a tensor is ``{"t": slot}``, numbers/str/bool/None as is, dtypes, devices and slices tagged."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if "dtype" in value and "shape" in value:
+            return {"t": slot}
+        kind, v = value.get("type"), value.get("value")
+        if kind in _MSPROBE_NUMBERS or kind == "str":
+            return v
+        if kind in (None, "NoneType") and v is None:
+            return None
+        if kind == "torch.dtype":
+            return {"dtype": str(v)}
+        if kind == "torch.device":
+            return {"device": str(v)}
+        if kind == "slice" and isinstance(v, list):
+            return {"slice": list(v)}
+        if kind == "ellipsis":
+            return {"ellipsis": True}
+        return {"repr": str(value)[:200]}
+    if isinstance(value, (list, tuple)):
+        return [_msprobe_spec(v, f"{slot}.{i}") for i, v in enumerate(value)]
+    return {"repr": str(value)[:200]}
+
+
+def _msprobe_scalars(value: Any, prefix: Tuple[Any, ...]):
+    """Yield (index path, type name, number) of the number arguments in an msprobe argument structure."""
+    if isinstance(value, dict):
+        if value.get("type") in _MSPROBE_NUMBERS and isinstance(value.get("value"), (int, float)):
+            yield prefix, value["type"], value["value"]
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _msprobe_scalars(v, prefix + (i,))
 
 
 def _read_msprobe(path: str, data_dir: Optional[str]) -> Dump:
@@ -523,37 +647,57 @@ def _read_msprobe(path: str, data_dir: Optional[str]) -> Dump:
         a = b.api(key, p)
         a.stack = stacks.get(key)
         groups = []
+        call = None
         if "input_args" in entry or "input_kwargs" in entry:
             args = entry.get("input_args") or []
             kwargs = entry.get("input_kwargs") or {}
-            args = list(args) + (list(kwargs.values()) if isinstance(kwargs, dict) else [])
-            groups.append(("input", args))
+            args = list(args) if isinstance(args, (list, tuple)) else []
+            kwargs = kwargs if isinstance(kwargs, dict) else {}
+            # positional arguments are input.0, input.1, ...; keyword arguments input.{name}, as
+            # msprobe names them (Functional.layer_norm.0.forward.input.weight)
+            groups.append(("input", [((i,), v) for i, v in enumerate(args)] +
+                           [((str(k),), v) for k, v in kwargs.items()]))
+            call = {"args": [_msprobe_spec(v, f"input.{i}") for i, v in enumerate(args)],
+                    "kwargs": {str(k): _msprobe_spec(v, f"input.{k}") for k, v in kwargs.items()}}
         elif "input" in entry:
-            groups.append(("input", entry.get("input") or []))
+            groups.append(("input", [((i,), v) for i, v in enumerate(entry.get("input") or [])]))
         if "output" in entry:
-            groups.append(("output", entry.get("output") or []))
+            out = entry.get("output")
+            out = out if isinstance(out, (list, tuple)) else ([out] if out is not None else [])
+            groups.append(("output", [((i,), v) for i, v in enumerate(out)]))
+        first = True
         for io, values in groups:
-            for idx, tdict in _walk(values, ()):
-                name = f"{key}.{io}." + ".".join(str(i) for i in idx)
-                try:
-                    shape = _shape(tdict.get("shape"))
-                except ValueError as e:
-                    problems.append(f"{path}: record {name!r}: {e}")
-                    continue
-                stats = [tdict.get("Max"), tdict.get("Min"), tdict.get("Mean"), tdict.get("Norm")]
-                extra = {}
-                if "requires_grad" in tdict:
-                    extra["rg"] = bool(tdict["requires_grad"])
-                t = TensorRec(name, key, io, idx, p.direction, str(tdict.get("dtype")), shape,
-                              stats, extra, 0)
-                a.tensors.append(t)
-                dn = tdict.get("data_name")
-                if isinstance(dn, str) and dn and dn != "-1":
+            for top, value in values:
+                for idx, tdict in _walk(value, top):
+                    name = f"{key}.{io}." + ".".join(str(i) for i in idx)
                     try:
-                        b.resolve(t, dn)
+                        shape = _shape(tdict.get("shape"))
                     except ValueError as e:
-                        t.data_problem = str(e)
-                        problems.append(f"{path}: {e}")
+                        problems.append(f"{path}: record {name!r}: {e}")
+                        continue
+                    stats = [tdict.get("Max"), tdict.get("Min"), tdict.get("Mean"), tdict.get("Norm")]
+                    extra = {}
+                    if "requires_grad" in tdict:
+                        extra["rg"] = bool(tdict["requires_grad"])
+                    if first and call is not None:
+                        extra["call"] = call
+                        first = False
+                    t = TensorRec(name, key, io, idx, p.direction, str(tdict.get("dtype")), shape,
+                                  stats, extra, 0)
+                    a.tensors.append(t)
+                    dn = tdict.get("data_name")
+                    if isinstance(dn, str) and dn and dn != "-1":
+                        try:
+                            b.resolve(t, dn)
+                        except ValueError as e:
+                            t.data_problem = str(e)
+                            problems.append(f"{path}: {e}")
+                if io == "input":
+                    for idx, kind, v in _msprobe_scalars(value, top):
+                        name = f"{key}.{io}." + ".".join(str(i) for i in idx)
+                        a.tensors.append(TensorRec(name, key, io, idx, p.direction, kind, (), [v] * 4, {}, 0))
+        if call is not None and first and a.tensors:
+            a.tensors[0].extra["call"] = call
     dump = b.done("msprobe", str(doc.get("task", "")))
     dump.completeness = Completeness("unknown", f"{path}: msprobe dump: completeness unknown")
     dump.notes.append(dump.completeness.message)

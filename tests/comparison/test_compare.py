@@ -103,12 +103,22 @@ def test_extra_call_is_listed_unpaired_and_the_rest_pairs(tmp_path):
     assert extra["Bench Name"].eq("").all() and "no matching bench API" in extra["Err_message"].iloc[0]
     rest = t[t["_api"] != "Tensor_to_0_forward"]
     assert rest["_paired"].all() and (rest["NPU Name"] == rest["Bench Name"]).all()
-    # a call on one side only is listed and its rows say "No" ...
-    assert (extra["Accuracy Reached or Not"] == "No").all() and rest["_passed"].all()
-    # ... the default judgement (issue 10) calls this lossless cast bookkeeping: its outputs carry
-    # its input's values, nothing was lost; the table's rule still fails it
-    assert r.passed and r.gate == "judge" and not r.judgement.root_causes
-    assert not compare(_param(npu, bench), str(tmp_path / "ptdbg"), rule="ptdbg").passed
+    # a call on one side only is classified from its own records (issue 10 item 4; this used to be
+    # "No" whatever it did): this cast's output equals its input, so it is bookkeeping and passes
+    assert (extra["_code_path"] == "bookkeeping").all() and extra["_passed"].all() and not extra["_unusable"].any()
+    assert "bookkeeping" in extra["Err_message"].iloc[0] and r.passed
+    assert r.gate == "judge" and not r.judgement.root_causes
+    assert rest["_passed"].all() and (rest["_code_path"] == "").all()
+    # the same extra call changing its values is a failing, value-changing row (a root cause)
+    apis = dumps.mlp_apis(extra_cast=True)
+    cast = next(a for a in apis if a.key == "Tensor_to_0_forward")
+    cast.tensors["output.0"] = (cast.tensors["output.0"] * 1.01).astype(np.float32)
+    npu2 = str(tmp_path / "npu2")
+    dumps.write_dump(npu2, apis)
+    r2 = compare(_param(npu2, bench), str(tmp_path / "out2"))
+    extra2 = r2.table[r2.table["_api"] == "Tensor_to_0_forward"]
+    assert (extra2["_code_path"] == "value-changing").all() and not extra2["_passed"].any() and not r2.passed
+    assert "differs" in extra2["Err_message"].iloc[0]
 
 
 def test_dtype_rule_accepts_a_bf16_device(tmp_path):
@@ -224,3 +234,40 @@ def test_two_compares_in_one_second_keep_both_outputs(tmp_path, monkeypatch):
     assert re.fullmatch(r"compare_result_20260101000000_[0-9a-f]{4}\.csv", os.path.basename(second.csv_path))
     assert list(pd.read_csv(first.csv_path).columns) == CSV_FULL
     assert list(pd.read_csv(second.csv_path).columns) == CSV_SUMMARY
+
+
+@pytest.mark.skipif(not os.path.isdir(MSPROBE), reason="no msprobe sample")
+def test_msprobe_dump_json_paths_find_their_tensors(tmp_path):
+    """compare() given msprobe dump.json files (no data-dir keys) compares the tensors in
+    dump_tensor_data beside them, as the CLI does; a ptdbg .pkl without them stays statistics."""
+    pytest.importorskip("torch")
+    j = os.path.join(MSPROBE, "mlp_tensor", "step0", "proc7910", "dump.json")
+    r = compare({"npu_pkl_path": j, "bench_pkl_path": j, "is_print_compare_log": False}, str(tmp_path / "c"))
+    assert not r.summary_compare and r.passed
+    assert r.table["Cosine"].notna().sum() > 20
+
+
+@pytest.mark.skipif(not os.path.isdir(MSPROBE), reason="no msprobe sample")
+def test_msprobe_keyword_arguments_are_named_as_msprobe_names_them():
+    from pytest_ptdbg.dump import reader
+
+    d = reader.read_dump(os.path.join(MSPROBE, "mlp_statistics_fp32"))
+    add = next(a for a in d.apis if a.key == "Tensor.add_.0.forward")
+    alpha = next(t for t in add.tensors if t.slot == "input.alpha")
+    assert alpha.name == "Tensor.add_.0.forward.input.alpha" and alpha.dtype == "float" and alpha.shape == ()
+    assert alpha.stats == [-0.1] * 4
+    assert add.tensors[0].extra["call"]["kwargs"] == {"alpha": -0.1}
+
+
+def test_worker_processes_give_the_same_table_as_threads(tmp_path, monkeypatch):
+    from pytest_ptdbg.comparison import table as T
+    from pytest_ptdbg.dump import reader
+
+    npu, bench = _pair(tmp_path, dumps.mlp_apis(noise=1e-3), dumps.mlp_apis())
+    a, b = reader.read_dump(npu), reader.read_dump(bench)
+    threads = T.build_table(a, b, workers=2)
+    monkeypatch.setattr(T, "PROCESS_MIN_PAIRS", 1)
+    seen = []
+    procs = T.build_table(a, b, workers=2, progress=seen.append)
+    pd.testing.assert_frame_equal(threads, procs)
+    assert seen[-1].startswith("compared ") and threads["Cosine"].notna().sum() > 10

@@ -59,3 +59,20 @@ def test_an_unreadable_rank_is_named_and_the_others_compared(tmp_path):
     assert list(res.results) == [(0, 0)] and res.results[(0, 0)].passed
     assert not res.passed and "rank1" in res.errors[(1, 1)]
     assert "rank1-rank1: not compared" in res.summary
+
+
+def test_sixteen_ranks_in_worker_processes_with_per_rank_progress(tmp_path, capsys):
+    npu = _ranks(str(tmp_path / "npu"), {r: ("backward" if r == 11 else None) for r in range(16)})
+    bench = _ranks(str(tmp_path / "bench"), {r: None for r in range(16)})
+    res = compare_distributed(npu, bench, str(tmp_path / "out"), workers=2, replay_check=False)
+    assert list(res.results) == [(r, r) for r in range(16)]
+    assert res.diverging == [(11, 11)] and res.first_suspect_rank == (11, 11)
+    assert res.results[(11, 11)].first_suspect.api == "Torch_relu_0_backward"
+    out = capsys.readouterr().out
+    lines = [x for x in out.splitlines() if "ranks]" in x]
+    assert len(lines) == 16 and any("rank11-rank11: diverges" in x for x in lines)
+    assert sum("[16/16 ranks]" in x for x in lines) == 1
+    serial = compare_distributed(npu, bench, str(tmp_path / "out1"), workers=1, replay_check=False,
+                                 is_print_compare_log=False)
+    assert serial.diverging == res.diverging
+    assert capsys.readouterr().out.count("ranks]") == 0   # log off: nothing printed per rank

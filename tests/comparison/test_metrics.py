@@ -143,3 +143,31 @@ def test_summary_diffs():
     assert d[:3] == (1.0, 0.0, 0.25) and math.isnan(d[3])
     assert M.summary_rel_l2([1, 1, 1, 3.0], [1, 1, 1, 2.0]) == 0.5
     assert math.isnan(M.summary_rel_l2([], [1, 1, 1, 2.0]))
+
+
+def test_cosine_is_computed_from_the_dot_product():
+    """n = b·1e-15 points the same way as b: cosine 1 (the old ‖n−b‖² formula gave 0.78)."""
+    b = np.array([3.0, -1.0, 2.0, 0.5])
+    assert M.compare_arrays(b * 1e-15, b).cosine == pytest.approx(1.0, abs=1e-15)
+    assert M.compare_arrays(b, b * 1e15).cosine == pytest.approx(1.0, abs=1e-15)
+    # hand-computed: n = (1, 2), b = (2, 1): n·b = 4, ‖n‖‖b‖ = 5
+    assert M.compare_arrays(np.array([1.0, 2.0]) * 1e-12, np.array([2.0, 1.0])).cosine == pytest.approx(0.8, rel=1e-15)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(3 * M.BLOCK + 5).astype(np.float32)
+    assert M.compare_arrays(x, x).cosine == 1.0                        # exactly, not 0.9999999999999998
+    assert M.compare_arrays(x, x.copy()).cosine == 1.0
+    assert M.cosine_from_sums(-4.0, 4.0, 4.0, 16.0) == -1.0
+    assert M.cosine_from_sums(1e300, 1e300, 1e300, 1.0) == pytest.approx(1.0)   # no overflow in ‖n‖‖b‖
+
+
+def test_zero_bench_in_16_bit_dtypes_uses_float32_eps():
+    """ptdbg and msprobe read fp16/bf16 tensors as float32 and add float32's eps where b == 0."""
+    f32 = float(np.finfo(np.float32).eps)
+    for d in ("torch.bfloat16", "torch.float16", "torch.float32", "torch.half"):
+        assert M.zero_eps(d) == f32
+    assert M.zero_eps("torch.float64") == float(np.finfo(np.float64).eps)
+    assert M.zero_eps("torch.int64") == float(np.finfo(np.float64).eps)
+    n = np.array([2.0 ** -10, 1.0], dtype=np.float16)
+    b = np.array([0.0, 1.0], dtype=np.float16)
+    # |n - b| / eps32 where b == 0: 2^-10 / 2^-23 = 2^13 (not 2^-10 / 2^-10 = 1 with fp16's eps)
+    assert M.compare_arrays(n, b).max_rel_err == 2.0 ** 13

@@ -112,3 +112,26 @@ def test_long_sequence_with_random_insertions_and_deletions(seed, windowed, monk
     # every index of both sides appears exactly once
     assert sorted(i for i, _ in steps if i is not None) == list(range(len(npu_names)))
     assert sorted(j for _, j in steps if j is not None) == list(range(len(bench_names)))
+
+
+def test_an_extra_non_tensor_argument_neither_unpairs_nor_weakens_a_pair():
+    """x.sum(-1, keepdim=False) records one more Python-number argument than x.sum(-1); the calls
+    have the same tensor structure, so the pairing is exactly that of identical calls."""
+    from types import SimpleNamespace as NS
+
+    from pytest_ptdbg.comparison.pairing import signature
+
+    def api(k, scalars):
+        ts = [NS(slot="input.0", dtype="torch.float32", shape=(4, 3)),
+              NS(slot="output.0", dtype="torch.float32", shape=(4,))]
+        ts += [NS(slot=f"input.{i + 1}", dtype=d, shape=()) for i, d in enumerate(scalars)]
+        return NS(family="Tensor_sum", direction="forward", call_index=k, tensors=ts)
+
+    a = [signature(api(0, ["int", "bool"])), signature(api(1, ["int"]))]
+    b = [signature(api(0, ["int"])), signature(api(1, ["<class 'int'>", "bool"]))]
+    assert a[0] == b[0] and a[1] == b[1]
+    assert align(a, b) == [(0, 0), (1, 1)]
+    # a 0-d *tensor* is part of the structure
+    t0 = api(0, [])
+    t0.tensors.append(NS(slot="input.1", dtype="torch.float32", shape=()))
+    assert signature(t0) != signature(api(0, []))

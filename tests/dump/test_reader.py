@@ -196,3 +196,40 @@ def test_symlinks_are_followed_inside_the_data_dir_only(tmp_path):
     assert out0.data_file is None and out1.data_file is None
     assert len(d.problems) == 2 and all("symbolic link" in p and "outside" in p for p in d.problems)
     assert any(out0.name in p for p in d.problems) and any(out1.name in p for p in d.problems)
+
+
+def test_msprobe_keyword_tensor_is_named_input_dot_name(tmp_path):
+    """msprobe names a keyword-argument tensor by its keyword (``input.weight``), not by position."""
+    import json
+
+    t = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": 1.0, "Min": 0.0,
+         "Mean": 0.5, "Norm": 1.2}
+    doc = {"task": "statistics", "data": {"Functional.layer_norm.0.forward": {
+        "input_args": [t, [{"type": "int", "value": 4}]],
+        "input_kwargs": {"weight": t, "bias": None, "eps": {"type": "float", "value": 1e-5}},
+        "output": [t]}}}
+    (tmp_path / "dump.json").write_text(json.dumps(doc))
+    d = reader.read_dump(str(tmp_path / "dump.json"))
+    ln = d.apis[0]
+    assert [x.slot for x in ln.tensors] == ["input.0", "input.1.0", "input.weight", "input.eps", "output.0"]
+    assert ln.tensors[0].extra["call"] == {"args": [{"t": "input.0"}, [4]],
+                                           "kwargs": {"weight": {"t": "input.weight"}, "bias": None, "eps": 1e-5}}
+
+
+def test_repeated_values_are_shared_and_extras_stay_dicts(tmp_path):
+    """A big step's records share their dtype, shape and extra objects; an empty extra is a dict."""
+    rank = tmp_path / "rank0"
+    rank.mkdir()
+    recs = [["Torch_relu_%d_forward_input.0" % k, 0, [], "torch.float32", [2, 3], [1.0, 0.0, 0.5, 1.0], {}]
+            for k in range(3)]
+    recs += [["Torch_relu_%d_forward_output.0" % k, 0, [], "torch.float32", [], [1.0] * 4,
+              {"nan": 0, "inf": 0, "rg": True}] for k in range(3)]
+    (rank / "all_dump.pkl").write_text("".join(records.encode_line(r) for r in recs))
+    d = reader.read_dump(str(rank / "all_dump.pkl"), data_dir="")
+    ts = [t for a in d.apis for t in a.tensors]
+    assert all(type(t.extra) is dict for t in ts)
+    ins = [t for t in ts if t.io == "input"]
+    outs = [t for t in ts if t.io == "output"]
+    assert ins[0].shape is ins[2].shape and ins[0].dtype is outs[1].dtype and ins[0].extra == {}
+    assert outs[0].extra is outs[2].extra and outs[0].extra == {"nan": 0, "inf": 0, "rg": True}
+    assert outs[1].shape == () and [t.slot for t in ins] == ["input.0"] * 3

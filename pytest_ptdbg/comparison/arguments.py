@@ -1,0 +1,563 @@
+"""Non-tensor arguments of two paired calls, compared after normalisation. No torch import.
+
+An argument is evidence: ``F.layer_norm(x, s, eps=1e-5)`` against ``eps=1e-2`` computes another
+function. Each side's arguments come from its call spec (``extra["call"]`` on the API's first
+forward record, docs/DESIGN.md; msprobe's ``input_args``/``input_kwargs`` are read into the same
+form by ``dump/reader.py``) and are normalised before they are compared:
+
+- positional arguments are named by the API's signature (:data:`SIGNATURES`, a hand-written table
+  of the common training-step APIs; for an API not in it, ``inspect.signature`` of the function
+  when torch is already imported in this process: this module never imports torch), and
+  parameters a side omitted get the signature's default, so an omitted ``eps`` equals ``1e-05``;
+  an API whose signature is unknown names its positional arguments ``arg1``, ``arg2``, ...;
+- dimensions (``dim``, ``dim0``, ``dims``, ``start_dim`` ...) that are negative are taken modulo the
+  rank of the call's first input tensor (its rank + 1 for ``unsqueeze``/``stack``), so ``-1`` on a
+  3-d input equals ``2``;
+- lists and tuples are the same; devices and the parameters :data:`IGNORED` (``device``,
+  ``_stacklevel``, ``inplace``, ``non_blocking``, ``memory_format``) are not compared; ``None``
+  equals an omitted parameter;
+- two floating-point dtypes (``x.to(q.dtype)``: bf16 under autocast, fp32 on the bench), or two of
+  their ``finfo`` numbers (``masked_fill(mask, torch.finfo(dtype).min)``), are not a changed
+  argument: they follow the run's precision, and the tensor rows judge it;
+- numbers agree when they differ by at most :data:`FLOAT_RTOL` relative (ints, bools, strings,
+  other dtypes exactly): a changed constant of the code (``eps`` 1e-5 vs 1e-2, ``approximate``, ``dim``)
+  is found, a Python float computed from slightly different data (``.item()``) is not. Under the
+  ``dtype`` rule a number within the rule's tolerance (the user's rtol/atol) is the same too
+  (``comparison/table.py``).
+
+:func:`compare_arguments` returns one :class:`ArgLeaf` per scalar leaf of every parameter (a tuple
+argument such as ``normalized_shape=(32,)`` has one leaf per element, as ptdbg and msprobe list
+them), with the parameter's verdict (``same``, ``changed``, ``ignored``, ``unknown``: given on one
+side only and no default known).
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+__all__ = ["ArgLeaf", "MISSING", "IGNORED", "SIGNATURES", "FLOAT_RTOL", "call_spec", "compare_arguments",
+           "format_value", "is_scalar_record", "signature"]
+
+#: parameters that never change the numbers a call computes
+IGNORED = frozenset({"device", "_stacklevel", "inplace", "non_blocking", "memory_format"})
+#: parameters holding dimensions, normalised modulo the input's rank
+DIM_PARAMS = frozenset({"dim", "dim0", "dim1", "dims", "start_dim", "end_dim", "source", "destination"})
+#: APIs whose dimension ranges over rank + 1 (they insert one)
+_RANK_PLUS_ONE = frozenset({"unsqueeze", "unsqueeze_", "stack"})
+#: relative difference below which two numbers are the same argument
+FLOAT_RTOL = 1e-3
+
+_NO_DEFAULT = object()
+
+#: ``name: "param, param=default, *rest"``: the Python signature of ``torch.{name}`` /
+#: ``Tensor.{name}`` (self is the first parameter); ``F.name`` for ``torch.nn.functional.{name}``
+#: where it differs. Defaults are Python literals (read with ``ast.literal_eval``).
+SIGNATURES: Dict[str, str] = {
+    "softmax": "input, dim=None, dtype=None",
+    "log_softmax": "input, dim=None, dtype=None",
+    "F.softmax": "input, dim=None, _stacklevel=3, dtype=None",
+    "F.log_softmax": "input, dim=None, _stacklevel=3, dtype=None",
+    "F.softmin": "input, dim=None, _stacklevel=3, dtype=None",
+    "layer_norm": "input, normalized_shape, weight=None, bias=None, eps=1e-05, cudnn_enable=True",
+    "F.layer_norm": "input, normalized_shape, weight=None, bias=None, eps=1e-05",
+    "rms_norm": "input, normalized_shape, weight=None, eps=None",
+    "group_norm": "input, num_groups, weight=None, bias=None, eps=1e-05",
+    "F.batch_norm": "input, running_mean, running_var, weight=None, bias=None, training=False, "
+                    "momentum=0.1, eps=1e-05",
+    "F.instance_norm": "input, running_mean=None, running_var=None, weight=None, bias=None, "
+                       "use_input_stats=True, momentum=0.1, eps=1e-05",
+    "F.normalize": "input, p=2.0, dim=1, eps=1e-12, out=None",
+    "gelu": "input, approximate='none'",
+    "F.leaky_relu": "input, negative_slope=0.01, inplace=False",
+    "F.elu": "input, alpha=1.0, inplace=False",
+    "F.relu": "input, inplace=False",
+    "F.silu": "input, inplace=False",
+    "F.hardtanh": "input, min_val=-1.0, max_val=1.0, inplace=False",
+    "F.softplus": "input, beta=1.0, threshold=20.0",
+    "F.dropout": "input, p=0.5, training=True, inplace=False",
+    "dropout": "input, p, train",
+    "linear": "input, weight, bias=None",
+    "conv1d": "input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1",
+    "conv2d": "input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1",
+    "conv3d": "input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1",
+    "F.embedding": "input, weight, padding_idx=None, max_norm=None, norm_type=2.0, "
+                   "scale_grad_by_freq=False, sparse=False",
+    "F.cross_entropy": "input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, "
+                       "reduction='mean', label_smoothing=0.0",
+    "F.nll_loss": "input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, "
+                  "reduction='mean'",
+    "F.mse_loss": "input, target, size_average=None, reduce=None, reduction='mean', weight=None",
+    "F.l1_loss": "input, target, size_average=None, reduce=None, reduction='mean'",
+    "F.scaled_dot_product_attention": "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, "
+                                      "scale=None, enable_gqa=False",
+    "sum": "input, dim=None, keepdim=False, dtype=None",
+    "mean": "input, dim=None, keepdim=False, dtype=None",
+    "logsumexp": "input, dim, keepdim=False",
+    "cumsum": "input, dim, dtype=None",
+    "argmax": "input, dim=None, keepdim=False",
+    "argmin": "input, dim=None, keepdim=False",
+    "norm": "input, p='fro', dim=None, keepdim=False, dtype=None",
+    "add": "input, other, alpha=1",
+    "sub": "input, other, alpha=1",
+    "mul": "input, other",
+    "div": "input, other, rounding_mode=None",
+    "addcdiv": "input, tensor1, tensor2, value=1",
+    "addcmul": "input, tensor1, tensor2, value=1",
+    "addmm": "input, mat1, mat2, beta=1, alpha=1",
+    "baddbmm": "input, batch1, batch2, beta=1, alpha=1",
+    "lerp": "input, end, weight",
+    "clamp": "input, min=None, max=None",
+    "pow": "input, exponent",
+    "masked_fill": "input, mask, value",
+    "matmul": "input, other",
+    "mm": "input, mat2",
+    "bmm": "input, mat2",
+    "cat": "tensors, dim=0",
+    "concat": "tensors, dim=0",
+    "stack": "tensors, dim=0",
+    "split": "input, split_size_or_sections, dim=0",
+    "chunk": "input, chunks, dim=0",
+    "transpose": "input, dim0, dim1",
+    "flatten": "input, start_dim=0, end_dim=-1",
+    "unsqueeze": "input, dim",
+    "permute": "input, *dims",
+    "topk": "input, k, dim=-1, largest=True, sorted=True",
+    "sort": "input, dim=-1, descending=False",
+    "gather": "input, dim, index",
+    "index_select": "input, dim, index",
+    "narrow": "input, dim, start, length",
+    "select": "input, dim, index",
+    "roll": "input, shifts, dims=None",
+    "flip": "input, dims",
+    "tril": "input, diagonal=0",
+    "triu": "input, diagonal=0",
+}
+
+_PARSED: Dict[str, Optional[List[Tuple[str, Any]]]] = {}
+
+
+def _parse(text: str) -> List[Tuple[str, Any]]:
+    out: List[Tuple[str, Any]] = []
+    for part in text.split(", "):
+        name, eq, default = part.partition("=")
+        out.append((name.strip(), ast.literal_eval(default) if eq else _NO_DEFAULT))
+    return out
+
+
+def _inspect_signature(api_type: str, name: str) -> Optional[List[Tuple[str, Any]]]:
+    torch = sys.modules.get("torch")   # never imported here: only when the process already has it
+    if torch is None:
+        return None
+    owner = {"Functional": getattr(getattr(torch, "nn", None), "functional", None), "Torch": torch,
+             "Tensor": getattr(torch, "Tensor", None)}.get(api_type)
+    fn = getattr(owner, name, None) if owner is not None else None
+    if fn is None:
+        return None
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):   # C builtins have none
+        return None
+    out: List[Tuple[str, Any]] = []
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            continue
+        if p.kind is p.VAR_POSITIONAL:
+            out.append(("*" + p.name, _NO_DEFAULT))
+            continue
+        d = p.default
+        out.append((p.name, _NO_DEFAULT if d is p.empty or not _plain(d) else d))
+    if api_type == "Tensor" and out and out[0][0] == "self":
+        out[0] = ("input", _NO_DEFAULT)
+    return out
+
+
+def _plain(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str)) or (
+        isinstance(v, (tuple, list)) and all(_plain(x) for x in v))
+
+
+def signature(api_type: str, api_name: str) -> Optional[List[Tuple[str, Any]]]:
+    """``[(parameter, default or a no-default marker), ...]`` of an API, or None when unknown.
+
+    In-place variants (``add_``) use their base's signature; ``torch.nn.functional`` APIs use
+    ``F.{name}`` where the table has it."""
+    key = f"{api_type}:{api_name}"
+    if key in _PARSED:
+        return _PARSED[key]
+    base = api_name[:-1] if api_name.endswith("_") and not api_name.endswith("__") else api_name
+    text = None
+    if api_type == "Functional":
+        text = SIGNATURES.get("F." + api_name) or SIGNATURES.get("F." + base)
+    text = text or SIGNATURES.get(api_name) or SIGNATURES.get(base)
+    sig = _parse(text) if text else _inspect_signature(api_type, api_name)
+    _PARSED[key] = sig
+    return sig
+
+
+# ------------------------------------------------------------------------------ values
+
+@dataclass(frozen=True)
+class _Tag:
+    """A tagged value of the call spec (dtype, slice, repr ...), compared as text."""
+
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    slot: str
+
+
+_IGNORED_VALUE = _Tag("device", "")
+_DTYPE_ALIASES = {"torch.float": "torch.float32", "torch.half": "torch.float16", "torch.double": "torch.float64",
+                  "torch.long": "torch.int64", "torch.int": "torch.int32", "torch.short": "torch.int16",
+                  "torch.cfloat": "torch.complex64", "torch.cdouble": "torch.complex128"}
+
+
+def _value(v: Any) -> Any:
+    """A call-spec value as a plain, comparable Python value (data only)."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, list):
+        return tuple(_value(x) for x in v)
+    if isinstance(v, dict):
+        if "t" in v and isinstance(v["t"], str):
+            return _Tensor(v["t"])
+        if "tuple" in v and isinstance(v["tuple"], list):
+            return tuple(_value(x) for x in v["tuple"])
+        if "size" in v and isinstance(v["size"], list):
+            return tuple(_value(x) for x in v["size"])
+        if "float" in v:
+            try:
+                return float(v["float"])
+            except (TypeError, ValueError):
+                return _Tag("repr", str(v["float"]))
+        if "device" in v:
+            return _IGNORED_VALUE
+        if "dtype" in v:
+            s = str(v["dtype"])
+            return _Tag("dtype", _DTYPE_ALIASES.get(s, s))
+        for kind in ("memory_format", "layout", "repr"):
+            if kind in v:
+                return _Tag(kind, str(v[kind]))
+        if "slice" in v and isinstance(v["slice"], list):
+            return _Tag("slice", repr(tuple(_value(x) for x in v["slice"])))
+        if "ellipsis" in v:
+            return _Tag("ellipsis", "...")
+    return _Tag("repr", repr(v)[:200])
+
+
+def format_value(v: Any) -> str:
+    """An argument value as the report shows it (``1e-05``, ``'tanh'``, ``torch.float16``, ``[32]``)."""
+    if v is MISSING:
+        return "(not given)"
+    if isinstance(v, _Tag):
+        return "slice" + v.text if v.kind == "slice" else v.text
+    if isinstance(v, _Tensor):
+        return f"tensor {v.slot}"
+    if isinstance(v, tuple):
+        return "[" + ", ".join(format_value(x) for x in v) + "]"
+    if isinstance(v, str):
+        return repr(v)
+    return repr(v)
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "(not given)"
+
+
+MISSING = _Missing()
+
+
+def call_spec(api: Any) -> Optional[dict]:
+    """The call spec of an API record (``extra["call"]`` of one of its tensor records), or None."""
+    for t in api.tensors:
+        c = t.extra.get("call") if isinstance(t.extra, dict) else None
+        if isinstance(c, dict) and isinstance(c.get("args", []), list) and isinstance(c.get("kwargs", {}), dict):
+            return c
+    return None
+
+
+def is_scalar_record(t: Any) -> bool:
+    """A record of a Python number argument (dtype ``int``/``float``/``<class 'int'>``, shape [])."""
+    return not t.shape and not str(t.dtype).startswith("torch.")
+
+
+@dataclass
+class _Param:
+    name: str
+    value: Any           # normalised; MISSING when the side omitted it and no default is known
+    slot: str            # the record slot of this argument on this side ("input.4"), "" when omitted
+    given: bool          # passed explicitly (not filled from the signature)
+
+
+def _params(api: Any, spec: dict, kw_named: bool) -> Dict[str, _Param]:
+    """Parameter name -> value of one side, defaults filled, dims normalised."""
+    args = [_value(a) for a in spec.get("args", [])]
+    kwargs = {str(k): _value(v) for k, v in spec.get("kwargs", {}).items()}
+    sig = signature(api.api_type, api.api_name)
+    out: Dict[str, _Param] = {}
+    if sig is not None:
+        pos = [n for n, _ in sig]
+        i = 0
+        for n in pos:
+            if n.startswith("*"):
+                rest = tuple(args[i:])
+                if rest:
+                    out[n[1:]] = _Param(n[1:], rest if len(rest) != 1 or not isinstance(rest[0], tuple)
+                                        else rest[0], f"input.{i}", True)
+                i = len(args)
+                break
+            if i >= len(args):
+                break
+            out[n] = _Param(n, args[i], f"input.{i}", True)
+            i += 1
+        for j in range(i, len(args)):
+            out[f"arg{j}"] = _Param(f"arg{j}", args[j], f"input.{j}", True)
+    else:
+        for j, a in enumerate(args):
+            out[f"arg{j}" if j else "input"] = _Param(f"arg{j}" if j else "input", a, f"input.{j}", True)
+    n = len(args)
+    for j, (k, v) in enumerate(kwargs.items()):
+        out[k] = _Param(k, v, f"input.{k}" if kw_named else f"input.{n + j}", True)
+    if sig is not None:
+        for name, default in sig:
+            if name.startswith("*") or name in out:
+                continue
+            out[name] = _Param(name, MISSING if default is _NO_DEFAULT else default, "", False)
+    rank = _input_rank(api)
+    if rank is not None:
+        r = rank + (1 if api.api_name in _RANK_PLUS_ONE else 0)
+        for p in out.values():
+            if p.name in DIM_PARAMS and r > 0:
+                p.value = _norm_dim(p.value, r)
+    return out
+
+
+def _norm_dim(v: Any, rank: int) -> Any:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return v + rank if -rank <= v < 0 else v
+    if isinstance(v, tuple):
+        return tuple(_norm_dim(x, rank) for x in v)
+    return v
+
+
+def _input_rank(api: Any) -> Optional[int]:
+    nested = None
+    for t in api.tensors:
+        if t.slot == "input.0" and not is_scalar_record(t):
+            return len(t.shape)
+        if t.slot == "input.0.0" and nested is None and not is_scalar_record(t):
+            nested = len(t.shape)
+    return nested
+
+
+def _leaves(v: Any, path: Tuple[int, ...] = ()) -> List[Tuple[Tuple[int, ...], Any]]:
+    if isinstance(v, tuple):
+        out: List[Tuple[Tuple[int, ...], Any]] = []
+        for i, x in enumerate(v):
+            out.extend(_leaves(x, path + (i,)))
+        return out
+    return [(path, v)]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two normalised argument values are the same (None equals an omitted value)."""
+    if a is MISSING or b is MISSING:
+        return (a is MISSING or a is None) and (b is MISSING or b is None)
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        if not (isinstance(a, tuple) and isinstance(b, tuple)) or len(a) != len(b):
+            return False
+        return all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, _Tensor) or isinstance(b, _Tensor):
+        return isinstance(a, _Tensor) and isinstance(b, _Tensor)
+    num = (int, float)
+    if isinstance(a, num) and isinstance(b, num) and not isinstance(a, str):
+        if isinstance(a, float) or isinstance(b, float):
+            fa, fb = float(a), float(b)
+            if math.isnan(fa) or math.isnan(fb):
+                return math.isnan(fa) and math.isnan(fb)
+            if math.isinf(fa) or math.isinf(fb):
+                return fa == fb
+            return abs(fa - fb) <= FLOAT_RTOL * max(abs(fa), abs(fb))
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def _has_tensor(v: Any) -> bool:
+    if isinstance(v, _Tensor):
+        return True
+    return isinstance(v, tuple) and any(_has_tensor(x) for x in v)
+
+
+@dataclass
+class ArgLeaf:
+    """One scalar leaf of one non-tensor parameter of a paired call (one table row)."""
+
+    param: str
+    path: Tuple[int, ...]
+    npu_value: Any
+    bench_value: Any
+    npu_slot: str            # record slot on the NPU side ("input.4", "input.1.0"), "" when not given
+    bench_slot: str
+    status: str              # "same" | "changed" | "ignored" | "unknown"
+    message: str = ""
+    npu_given: bool = True
+    bench_given: bool = True
+
+
+def _slot(base: str, path: Tuple[int, ...]) -> str:
+    if not base or not path:
+        return base
+    return base + "".join(f".{i}" for i in path)
+
+
+def compare_arguments(npu_api: Any, bench_api: Any, npu_kw_named: bool = False,
+                      bench_kw_named: bool = False) -> Optional[List[ArgLeaf]]:
+    """The non-tensor arguments of two paired calls, leaf by leaf; None when a side has no call spec.
+
+    ``*_kw_named``: that side names keyword-argument records ``input.{name}`` (msprobe) instead of
+    numbering them after the positional ones (ptdbg layout of this project).
+    Leaves are listed for every parameter given on at least one side (or changed), in the NPU
+    call's order, then the bench's; ignored parameters only where a side has a record for them.
+    """
+    sn, sb = call_spec(npu_api), call_spec(bench_api)
+    if sn is None or sb is None:
+        return None
+    # the same call made again (every layer, every step) gives the same leaves: computed once
+    try:
+        key = (npu_api.api_type, npu_api.api_name, bench_api.api_type, bench_api.api_name,
+               _input_rank(npu_api), _input_rank(bench_api), npu_kw_named, bench_kw_named,
+               _ENCODE(sn), _ENCODE(sb))
+    except (TypeError, ValueError):
+        key = None
+    if key is not None:
+        hit = _MEMO.get(key)
+        if hit is not None:
+            return hit
+    out = _compare(npu_api, bench_api, sn, sb, npu_kw_named, bench_kw_named)
+    if key is not None:
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.clear()
+        _MEMO[key] = out
+    return out
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
+_MEMO: Dict[tuple, List["ArgLeaf"]] = {}
+_MEMO_MAX = 100_000
+
+
+def _compare(npu_api: Any, bench_api: Any, sn: dict, sb: dict, npu_kw_named: bool,
+             bench_kw_named: bool) -> List["ArgLeaf"]:
+    pn = _params(npu_api, sn, npu_kw_named)
+    pb = _params(bench_api, sb, bench_kw_named)
+    out: List[ArgLeaf] = []
+    for name in list(pn) + [k for k in pb if k not in pn]:
+        a = pn.get(name, _Param(name, MISSING, "", False))
+        b = pb.get(name, _Param(name, MISSING, "", False))
+        if not (a.given or b.given):
+            continue
+        av, bv = a.value, b.value
+        if _has_tensor(av) or _has_tensor(bv):
+            if not (isinstance(av, _Tensor) or isinstance(bv, _Tensor)) and isinstance(av, tuple) \
+                    and isinstance(bv, tuple):
+                pass  # a list mixing tensors and numbers: its numbers are compared below
+            else:
+                continue  # a tensor argument: its tensor rows compare it
+        ignored = name in IGNORED or av is _IGNORED_VALUE or bv is _IGNORED_VALUE
+        if ignored:
+            status, msg = "ignored", f"{name}: not compared (does not change the result)"
+        elif (av is MISSING) != (bv is MISSING) and not _same(av, bv):
+            status = "unknown"
+            side = "NPU" if a.given else "bench"
+            msg = (f"{name}: given on the {side} side only ({format_value(av if a.given else bv)}), "
+                   "its default is unknown: not compared")
+        elif _same(av, bv):
+            if all(v is None or v is MISSING for v in (av, bv)):
+                continue  # None on both sides: nothing to list
+            status = "same"
+            shown = av if av is not MISSING else bv
+            msg = "" if all(isinstance(x, (int, float)) for _, x in _leaves(shown)) else \
+                f"{name} = {format_value(shown)}"
+        elif _float_dtypes(av, bv):
+            # x.to(q.dtype) is bf16 on an autocast device and fp32 on the bench: a floating dtype
+            # follows the run's precision; what it does to the numbers is in the tensor rows
+            status = "ignored"
+            msg = (f"{name}: {_shown(av, a.given)} vs {_shown(bv, b.given)}: a floating-point dtype follows "
+                   "the run's precision (the tensors are compared)")
+        else:
+            status = "changed"
+            msg = f"{name}: {_shown(av, a.given)} vs {_shown(bv, b.given)}"
+        la = [(p, v) for p, v in _leaves(av) if not isinstance(v, _Tensor)] if av is not MISSING else []
+        lb = [(p, v) for p, v in _leaves(bv) if not isinstance(v, _Tensor)] if bv is not MISSING else []
+        if isinstance(av, tuple) and not av:
+            la = [((), av)]
+        if isinstance(bv, tuple) and not bv:
+            lb = [((), bv)]
+        da, db = dict(la), dict(lb)
+        paths = [p for p, _ in la] + [p for p, _ in lb if p not in da]
+        if not paths:
+            paths = [()]
+        for p in paths:
+            out.append(ArgLeaf(name, p, da.get(p, MISSING), db.get(p, MISSING),
+                               _slot(a.slot, p) if p in da else "", _slot(b.slot, p) if p in db else "",
+                               status, msg, a.given, b.given))
+    return out
+
+
+_FLOAT_DTYPES = frozenset({"torch.float16", "torch.bfloat16", "torch.float32", "torch.float64"})
+
+
+#: ``torch.finfo`` max, eps and tiny of fp16, bf16, fp32 and fp64 (``masked_fill(m, finfo(dtype).min)``)
+_FINFO = frozenset({65504.0, 0.0009765625, 6.103515625e-05, 3.3895313892515355e+38, 0.0078125,
+                    1.1754943508222875e-38, 3.4028234663852886e+38, 1.1920928955078125e-07,
+                    1.7976931348623157e+308, 2.220446049250313e-16, 2.2250738585072014e-308})
+
+
+def _float_dtypes(a: Any, b: Any) -> bool:
+    """Both values are floating-point dtypes (``torch.bfloat16`` vs ``torch.float32``), or both are
+    a floating dtype's characteristic numbers (``torch.finfo(dtype).min`` of bf16 vs fp32)."""
+    if all(isinstance(v, _Tag) and v.kind == "dtype" and v.text in _FLOAT_DTYPES for v in (a, b)):
+        return True
+    return all(type(v) is float and abs(v) in _FINFO for v in (a, b))
+
+
+def _shown(v: Any, given: bool) -> str:
+    s = format_value(v)
+    return s if given else f"{s} (default)"
+
+
+def leaf_value(v: Any) -> Optional[float]:
+    """A leaf's value as a float for the statistics columns (bool as 0/1), None when not a number."""
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)):
+        return float(v)
+    return None
+
+
+def leaf_dtype(v: Any) -> str:
+    """The dtype column of an argument row without a record: the Python type (``float``, ``str`` ...)."""
+    if isinstance(v, _Tag):
+        return "torch.dtype" if v.kind == "dtype" else v.kind
+    if v is None or v is MISSING:
+        return "NoneType" if v is None else ""
+    if isinstance(v, tuple):
+        return "tuple"
+    return type(v).__name__
+
+
+def name_sep(api_key: str) -> str:
+    """The separator of a record name after the API key: ``_`` (ptdbg) or ``.`` (msprobe)."""
+    return "." if api_key.endswith((".forward", ".backward")) else "_"
+

@@ -1,0 +1,129 @@
+"""A call recorded on one side only: bookkeeping or a value-changing code path? No torch.
+
+A call present in one dump only (an autocast ``.float()``, an extra ``.contiguous()``, a ``.to()``
+that one code path makes) is judged from its own records: its output against its input (forward),
+the gradient it produced against the gradient it received (backward).
+
+- ``bookkeeping``: the values go through unchanged (a cast to a wider dtype such as ``.float()`` of
+  a bf16 value, ``.type()`` and ``.contiguous()`` copies, views): the output equals the input
+  element by element (both saved) or, for statistics-only dumps, in all four statistics and NaN/Inf
+  counts, for calls that keep the shape or only reshape (a statistic cannot see a reordering, so
+  :data:`REORDERING` calls are not classified from statistics). The backward of a bookkeeping
+  call is bookkeeping too when the gradient it produced is the incoming one rounded to its
+  dtype (the input of ``.float()`` was bf16, so its gradient is).
+- ``value-changing``: the output differs from the input (a cast to lower precision, an extra op).
+- ``""``: cannot be classified (no data, several outputs, a size change): the row stays unusable.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Tuple
+
+from pytest_ptdbg.comparison import metrics as M
+from pytest_ptdbg.comparison.arguments import is_scalar_record
+
+__all__ = ["BOOKKEEPING", "VALUE_CHANGING", "REORDERING", "classify", "stats_relation"]
+
+BOOKKEEPING = "bookkeeping"
+VALUE_CHANGING = "value-changing"
+#: calls that can move elements while keeping their multiset (statistics cannot tell)
+REORDERING = frozenset({"permute", "transpose", "transpose_", "t", "t_", "flip", "fliplr", "flipud", "roll",
+                        "rot90", "movedim", "moveaxis", "swapaxes", "swapdims", "sort", "T", "mT", "H",
+                        "mH", "adjoint", "__getitem__", "index_select", "gather", "take", "scatter",
+                        "scatter_", "index_put", "index_put_", "__setitem__", "masked_scatter",
+                        "masked_scatter_", "unfold", "channel_shuffle", "pixel_shuffle",
+                        "pixel_unshuffle", "as_strided"})
+
+_WIDTH = {"float16": 16, "half": 16, "bfloat16": 16, "float32": 32, "float": 32, "float64": 64, "double": 64}
+
+
+def _bits(dtype: str) -> int:
+    return _WIDTH.get((dtype or "").replace("torch.", ""), 0)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _rounding_eps(dtype: str) -> float:
+    """Unit of a rounding to ``dtype`` (its machine eps; float64's for unknown)."""
+    return M.dtype_eps(dtype)
+
+
+def stats_relation(a, b, eps: float) -> str:
+    """``"equal"`` when statistics ``a`` and ``b`` (max, min, mean, l2norm) are the same,
+    ``"rounding"`` when each differs by at most ``eps`` relative, else ``"different"``;
+    ``""`` when either has no statistics."""
+    va = [M.stat_at(a, i) for i in range(4)]
+    vb = [M.stat_at(b, i) for i in range(4)]
+    if any(v is None for v in va + vb):
+        return ""
+    equal = True
+    for x, y in zip(va, vb):
+        if x == y or (math.isnan(x) and math.isnan(y)):
+            continue
+        equal = False
+        if not (math.isfinite(x) and math.isfinite(y)) or abs(x - y) > eps * max(abs(x), abs(y)):
+            return "different"
+    return "equal" if equal else "rounding"
+
+
+def _data_relation(src, out, eps: float, load: Callable[[Any], Any]) -> str:
+    a = load(src).reshape(-1)
+    b = load(out).reshape(-1)
+    m = M.compare_arrays(b, a, eps=M._F64_EPS)
+    if m.nan_mismatch:
+        return "different"
+    if m.compared == 0 or m.max_abs_err == 0.0:
+        return "equal"
+    return "rounding" if m.max_rel_err <= eps else "different"
+
+
+def classify(api: Any, summary: bool, forward_kind: str = "",
+             load: Optional[Callable[[Any], Any]] = None) -> Tuple[str, str]:
+    """``(kind, message)`` of a call recorded on one side only (see the module docstring).
+
+    ``forward_kind``: the classification of the same call's forward (for a backward call).
+    ``load(tensor_record)``: the record's data as an array (full compare); statistics otherwise.
+    """
+    tensors = [t for t in api.tensors if not is_scalar_record(t)]
+    ins = [t for t in tensors if t.io == "input"]
+    outs = [t for t in tensors if t.io == "output"]
+    what = "the gradient it produces" if api.direction == "backward" else "its output"
+    against = "the one it receives" if api.direction == "backward" else "its input"
+    if len(outs) != 1 or not ins:
+        return "", f"not classified ({len(ins)} input and {len(outs)} output tensors)"
+    src = next((t for t in ins if t.slot == "input.0"), ins[0])
+    out = outs[0]
+    if _numel(src.shape) != _numel(out.shape):
+        return "", f"not classified ({what} and {against} differ in size: {list(src.shape)} -> {list(out.shape)})"
+    eps = _rounding_eps(out.dtype)
+    rel, how = "", ""
+    if not summary and load is not None and src.data_file and out.data_file:
+        try:
+            rel, how = _data_relation(src, out, eps, load), "element by element"
+        except (ValueError, OSError) as e:
+            return "", f"not classified ({e})"
+    elif src.stats and out.stats:
+        if api.api_name in REORDERING:
+            return "", f"not classified ({api.api_name} may reorder elements; statistics cannot tell)"
+        if src.nonfinite != out.nonfinite:
+            rel = "different"
+        else:
+            rel = stats_relation(src.stats, out.stats, eps)
+        how = "by its statistics"
+    if not rel:
+        return "", "not classified (no data or statistics)"
+    narrower = _bits(out.dtype) and _bits(src.dtype) and _bits(out.dtype) < _bits(src.dtype)
+    cast = f"{src.dtype} -> {out.dtype}" if src.dtype != out.dtype else out.dtype
+    if rel == "equal":
+        return BOOKKEEPING, f"bookkeeping: {what} equals {against} ({how}; {cast})"
+    if rel == "rounding" and api.direction == "backward" and forward_kind == BOOKKEEPING:
+        return BOOKKEEPING, (f"bookkeeping: backward of a bookkeeping call, the gradient rounded to its "
+                             f"input's dtype ({cast}, {how})")
+    if narrower:
+        return VALUE_CHANGING, f"value-changing: a cast to lower precision ({cast}) on this side only"
+    return VALUE_CHANGING, f"value-changing: {what} differs from {against} ({how}; {cast})"
