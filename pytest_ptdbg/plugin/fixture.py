@@ -164,7 +164,8 @@ class PtdbgDump:
                                         f"@pytest.mark.ptdbg on {self._node.nodeid}")
             return plugin_options.per_test(s, overrides, "ptdbg_dump(...)")
         except ValueError as exc:
-            pytest.fail(str(exc), pytrace=False)
+            error = str(exc)
+        pytest.fail(error, pytrace=False)  # outside the except: the error is printed once
 
     def _device(self, name: str, role: str) -> Any:
         """The device ``name`` resolves to. Missing: ``auto`` skips the test; a device named
@@ -173,14 +174,15 @@ class PtdbgDump:
         try:
             return resolve_device(name)
         except DeviceUnavailable as exc:
-            entry = {"nodeid": self._node.nodeid, "call": self._calls, "reason": f"{role}: {exc}"}
-            self._entries.append(entry)
-            if name == "auto":
-                entry["verdict"] = "skipped"
-                pytest.skip(f"ptdbg {role} {exc}")
-            entry["verdict"] = "error"
-            pytest.fail(f"ptdbg: the {role} {name!r} was asked for explicitly but is not "
-                        f"available: {exc}", pytrace=False)
+            error = str(exc)
+        entry = {"nodeid": self._node.nodeid, "call": self._calls, "reason": f"{role}: {error}"}
+        self._entries.append(entry)
+        if name == "auto":
+            entry["verdict"] = "skipped"
+            pytest.skip(f"ptdbg {role} {error}")
+        entry["verdict"] = "error"
+        pytest.fail(f"ptdbg: the {role} {name!r} was asked for explicitly but is not "
+                    f"available: {error}", pytrace=False)
 
     @property
     def device(self) -> Any:
@@ -276,14 +278,17 @@ class PtdbgDump:
             status = "created"
         else:
             status = "unchanged"
+        error = ""
         try:
             ref = golden.read(gpath)
         except golden.GoldenError as exc:
-            if not update:
-                self._entries.append(dict(base, verdict="error", golden_status="unreadable",
-                                          reason=str(exc)))
-                pytest.fail(f"golden of {nodeid} is unusable: {exc}\n  rewrite it with: "
-                            f"pytest --ptdbg-update '{nodeid}'", pytrace=False)
+            error = str(exc)
+        if error and not update:
+            self._entries.append(dict(base, verdict="error", golden_status="unreadable",
+                                      reason=error))
+            pytest.fail(f"golden of {nodeid} is unusable: {error}\n  rewrite it with: "
+                        f"pytest --ptdbg-update '{nodeid}'", pytrace=False)
+        if error:
             golden.write(gpath, text)
             ref, status = golden.read(gpath), "updated"
         result = self._judge_golden(npu, ref, fresh, out, settings, call, device, gpath,
