@@ -397,6 +397,8 @@ class PtdbgDump:
         test_failed = any(getattr(r, "failed", False) for r in reports.values())
         outcome = "failed" if test_failed else ("skipped" if any(
             getattr(r, "skipped", False) for r in reports.values()) else "passed")
+        if any(hasattr(r, "wasxfail") for r in reports.values()):
+            outcome = "xfailed" if outcome == "skipped" else "xpassed"
         for entry in self._entries:
             entry["test_outcome"] = outcome
         for path, settings, entry in self._dirs:
