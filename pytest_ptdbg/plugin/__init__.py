@@ -7,6 +7,13 @@ Artifacts of a session go under the dump directory (``--ptdbg-dump-dir``; defaul
 ``<basetemp>/ptdbg`` with ``--basetemp``, else ``.pytest_cache/d/ptdbg/run-<time>-<pid>/``, the
 last three sessions kept): one folder per test (``<worker>/`` in front under xdist), and at the top
 ``ptdbg_summary.json`` and ``index.html`` (links to every kept HTML report).
+
+Goldens (``golden.py``: the store and its text format; ``golden_check.py``: the checks and the
+reference dump for ``compare()``; ``callkeys.py``: stable call keys) are the reference where the
+device under test and the bench are the same device in the same dtype. The controller counts
+them from the tests' summary entries and, at the end, fails the run on unused ones
+(``--ptdbg-unused``) or removes them (``--ptdbg-update``). A comparison that failed and that the
+test never asserted turns its passing call report into a failure (``_fail_unasserted``).
 """
 from __future__ import annotations
 

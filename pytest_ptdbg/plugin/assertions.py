@@ -249,6 +249,7 @@ def _suspect_line(i: int, s: Any) -> str:
     growth = s.growth if s.growth is not None and math.isfinite(s.growth) else None
     if s.kind == "unpaired":
         side = getattr(s, "side", "") or "one"
+        side = "device" if side == "NPU" else side   # the advisor's name for the device side
         return f"  {i}. {s.api} [called on the {side} side only] at {s.location}"
     what = {"own": "own error", "nonfinite": "NaN/Inf first appears here",
             "inherited": "inherited error"}.get(s.kind, s.kind)

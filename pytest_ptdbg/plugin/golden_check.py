@@ -38,10 +38,17 @@ def _dtype(raw: Any) -> str:
     return str(raw).replace("torch.", "")
 
 
+#: what a device argument reads as in a golden (a golden holds no device: it is the reference
+#: wherever device and bench are the same)
+DEVICE = "<device>"
+
+
 def _clean(obj: Any) -> Any:
-    """A call spec with what changes from run to run (object addresses in reprs) removed."""
+    """A call spec without what changes from run to run or machine to machine: object
+    addresses in reprs, device arguments (``device="cpu"``, ``{"device": "cuda:0"}``)."""
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: (DEVICE if k == "device" and isinstance(v, str) else _clean(v))
+                for k, v in obj.items()}
     if isinstance(obj, list):
         return [_clean(v) for v in obj]
     if isinstance(obj, str):
