@@ -87,7 +87,7 @@ def test_xdist_goldens_counted_and_unused_ones_aggregated(pytester, monkeypatch)
     monkeypatch.delenv("CI", raising=False)
     pytester.makepyfile(test_g=GOLDEN_TESTS)
     args = ["-p", "no:cacheprovider", f"--ptdbg-dump-dir={pytester.path / 'dumps'}"]
-    res = pytester.runpytest_subprocess("-n", "2", *args, "--ptdbg-update")
+    res = pytester.runpytest_subprocess("-p", "no:xdist", *args, "--ptdbg-update")
     res.assert_outcomes(passed=3)
     res.stdout.fnmatch_lines(["*ptdbg goldens: 3 created, 0 updated, 0 unchanged*"])
     pytester.makepyfile(test_g=GOLDEN_TESTS.split("def test_gone")[0])
