@@ -237,7 +237,9 @@ class PtdbgDump:
             bench = run_model(model, inputs, step, device=bench_device, dtype="float32",
                               dump_path=os.path.join(out, "bench"), settings=settings,
                               summary_only=settings.summary_only, loss_fn=loss_fn)
-        problems = health_problems(npu.health or {}, bench.health, str(device), str(bench_device))
+        dtype = "" if settings.dtype == "float32" else f" {settings.dtype}"
+        problems = health_problems(npu.health or {}, bench.health, f"device ({device}{dtype})",
+                                   f"bench ({bench_device})")
         notes = [f"forward only: {npu.no_backward}"] if npu.no_backward else []
         return self._finish_call(npu, bench, out, settings, call, str(bench_device), str(device),
                                  None, health=problems, notes=notes)
@@ -256,7 +258,7 @@ class PtdbgDump:
         fresh = golden_check.golden_lines(npu.pkl_path, npu.keys or {})
         head = golden.header(nodeid, call, settings.mode, device.split(":")[0])
         text = golden.render(head, fresh.lines)
-        problems = health_problems(npu.health or {}, None, device, "golden")
+        problems = health_problems(npu.health or {}, None, f"device ({device})", "golden")
         notes = [f"forward only: {npu.no_backward}"] if npu.no_backward else []
         base = {"nodeid": nodeid, "call": call, "golden": gpath}
         update = settings.update_golden

@@ -139,13 +139,14 @@ def health_problems(device: Dict[str, Any], bench: Optional[Dict[str, Any]],
     bench = bench or {"loss": 0, "grads": [], "params": []}
     out = []
     if device.get("loss") and not bench.get("loss"):
-        out.append(f"the loss is NaN/Inf on the {device_label} side, finite on the {bench_label}")
+        out.append(f"the loss is NaN/Inf on the {device_label} side, finite on the "
+                   f"{bench_label} side")
     for what, label in (("grads", "gradients"), ("params", "updated parameters")):
         names = [n for n in device.get(what, []) if n not in set(bench.get(what, []))]
         if names:
             shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
             out.append(f"NaN/Inf in the {label} of {shown} on the {device_label} side, not on the "
-                       f"{bench_label}")
+                       f"{bench_label} side")
     return out
 
 

@@ -267,5 +267,5 @@ def test_nan_in_the_step_fails_and_writes_no_golden(gtester):
     """)
     res = gtester.runpytest("-p", "no:cacheprovider", "test_nan.py")
     res.assert_outcomes(failed=1)
-    res.stdout.fnmatch_lines(["*no golden written*the loss is NaN/Inf on the cpu side*"])
+    res.stdout.fnmatch_lines(["*no golden written*the loss is NaN/Inf on the device (cpu) side*"])
     assert not _goldens(gtester.path)

@@ -165,3 +165,35 @@ def test_marker_typo_error_is_printed_once(tester):
     res.assert_outcomes(failed=1)
     out = res.stdout.str()
     assert out.count("unknown argument(s) 'cosin'") == 1, out
+
+
+def test_nonfinite_on_the_device_side_only_fails(tester):
+    tester.makepyfile(test_n="""
+        import torch
+        import torch.nn as nn
+
+        def make(scale):
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
+            return model, (torch.randn(3, 4) * scale,)
+
+        def step(model, batch):
+            loss = model(*batch).pow(2).mean()
+            loss.backward()
+            return loss.detach()
+
+        def test_overflow_in_float16_on_the_device_only(ptdbg_dump):
+            # fp16 autocast overflows (|x| ~ 1e5 > 65504); the float32 bench does not
+            ptdbg_dump(*make(1e5), step=step, dtype="float16", rule="dtype",
+                       rtol=1.0, atol=1e9).assert_precision()
+
+        def test_nan_on_both_sides_is_the_bench_showing_the_same(ptdbg_dump):
+            model, batch = make(1.0)
+            with torch.no_grad():
+                model[1].bias.fill_(float("nan"))
+            ptdbg_dump(model, batch, step=step).assert_precision()
+    """)
+    res = tester.runpytest("-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1, failed=1)
+    res.stdout.fnmatch_lines(["*NaN/Inf check failed: the loss is NaN/Inf on the device (cpu "
+                              "float16) side, finite on the bench (cpu) side*"])
