@@ -83,6 +83,15 @@ def test_check_names_drift_arguments_and_new_calls():
     assert check(_golden(_lines()), _fresh(_lines(eps=1e-3)), ignore=["layer_norm"]).passed
 
 
+def test_float_arguments_agree_within_their_last_bits():
+    same = golden_check.same_arguments
+    assert same({"args": [0.125000001, 3], "kwargs": {}}, {"args": [0.125, 3], "kwargs": {}})
+    assert not same({"kwargs": {"eps": 1e-5}}, {"kwargs": {"eps": 1e-3}})
+    assert not same({"args": [1]}, {"args": [True]}) and not same({"args": [1]}, {"args": ["1"]})
+    assert not same({"args": [1, 2]}, {"args": [1]}) and not same({"a": 1}, {"b": 1})
+    assert same({"args": [2]}, {"args": [2.0]}) and not same({"args": [2]}, {"args": [3]})
+
+
 def test_parse_names_the_bad_line(tmp_path):
     text = golden.render(golden.header("t.py::t", 0, "api_stack", "cpu"), _lines())
     assert golden.parse(text, "x").lines == _lines()
