@@ -27,6 +27,8 @@ def entry_line(entry: Dict[str, Any]) -> str:
     name = entry.get("nodeid", "?")
     if entry.get("call", 0):
         name += f" (call {entry['call']})"
+    if entry.get("golden") and verdict in ("passed", "failed"):
+        name += "  vs golden"
     parts = [f"{label}  {name}"]
     if verdict == "skipped" or verdict == "missing-golden" or verdict == "error":
         parts.append(entry.get("reason", ""))
