@@ -262,10 +262,13 @@ def _fail_unasserted(item: Any, report: Any) -> None:
 
 @pytest.fixture
 def ptdbg_dump(request: Any) -> Any:
-    """Run a step on the device under test and on the bench under the dump hooks, and compare.
+    """Run a step on the device under test and on the bench under the dump hooks, and compare;
+    where device and bench are the same device in the same dtype, judge against the test's golden.
 
-    ``result = ptdbg_dump(model, inputs, step=None, **settings)``; ``result.assert_precision()``.
-    Also ``ptdbg_dump.compare_runs(run, reference, inputs=())`` for two callables on one device.
+    ``result = ptdbg_dump(model, inputs, step=None, loss_fn=None, **settings)``;
+    ``result.assert_precision()`` (or ``result.expect_failure()``: a failing result the test
+    never asserts fails it). Also ``ptdbg_dump.compare_runs(run, reference, *args)`` for two
+    callables on one device.
     """
     from pytest_ptdbg.plugin.fixture import PtdbgDump
 

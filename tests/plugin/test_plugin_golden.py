@@ -269,3 +269,25 @@ def test_nan_in_the_step_fails_and_writes_no_golden(gtester):
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines(["*no golden written*the loss is NaN/Inf on the device (cpu) side*"])
     assert not _goldens(gtester.path)
+
+
+def test_a_call_the_test_no_longer_makes_leaves_an_unused_golden(gtester):
+    two = """
+from gmodel import make
+
+def test_two_calls(ptdbg_dump):
+    model, batch = make()
+    ptdbg_dump(model, batch).assert_precision()
+    ptdbg_dump(model, batch).assert_precision()
+"""
+    gtester.makepyfile(test_user=two)
+    res = gtester.runpytest("-p", "no:cacheprovider", "--ptdbg-update")
+    res.assert_outcomes(passed=1)
+    assert [p.name for p in _goldens(gtester.path)] == ["test_two_calls.call1.golden.jsonl",
+                                                        "test_two_calls.golden.jsonl"]
+    gtester.makepyfile(test_user=two.rsplit("    ptdbg_dump", 1)[0])
+    res = gtester.runpytest("-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1)
+    assert res.ret == pytest.ExitCode.TESTS_FAILED
+    res.stdout.fnmatch_lines(["*test_user.py::test_two_calls*call1.golden.jsonl*the test no "
+                              "longer makes this call*"])
