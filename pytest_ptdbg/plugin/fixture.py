@@ -285,6 +285,9 @@ class PtdbgDump:
             ref = golden.read(gpath)
         except golden.GoldenError as exc:
             error = str(exc)
+        if not error and (ref.nodeid != nodeid or ref.header.get("call") != call):
+            error = (f"{gpath}:1: this golden belongs to {ref.nodeid} (call "
+                     f"{ref.header.get('call')}), not to {nodeid} (call {call})")
         if error and not update:
             self._entries.append(dict(base, verdict="error", golden_status="unreadable",
                                       reason=error))

@@ -67,8 +67,10 @@ def golden_name(nodeid: str, call_index: int = 0) -> str:
     if "[" in name and name.endswith("]"):
         head, _, param = name[:-1].partition("[")
         name = f"{head}-{param}"
-    name = _safe(name)
-    return f"{name}{f'.call{call_index}' if call_index else ''}{SUFFIX}"
+    safe = _safe(name)
+    if safe != name:  # characters replaced: a hash of the id keeps two such ids apart
+        safe = f"{safe}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return f"{safe}{f'.call{call_index}' if call_index else ''}{SUFFIX}"
 
 
 def golden_path(nodeid: str, call_index: int, rootdir: str, root: Optional[str] = None) -> str:

@@ -13,6 +13,9 @@ from pytest_ptdbg.plugin.golden_check import FreshDump, check, drift
 def test_names_and_paths():
     assert golden.golden_name("t/test_a.py::test_x[mlp-3]") == "test_x-mlp-3.golden.jsonl"
     assert golden.golden_name("t/test_a.py::TestC::test_y", 2) == "TestC.test_y.call2.golden.jsonl"
+    # ids whose characters are replaced get a hash: two of them never share a file
+    a, b = golden.golden_name("t.py::test_x[a/b]"), golden.golden_name("t.py::test_x[a_b]")
+    assert a.startswith("test_x-a_b-") and b == "test_x-a_b.golden.jsonl" and a != b
     assert golden.golden_path("t/test_a.py::test_x", 0, "/r") == \
         "/r/t/__ptdbg__/test_a/test_x.golden.jsonl"
     assert golden.golden_path("t/test_a.py::test_x", 0, "/r", "/g") == "/g/t/test_a/test_x.golden.jsonl"
