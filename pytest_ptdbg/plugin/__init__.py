@@ -235,7 +235,7 @@ class _SessionHooks:
                     remove_golden(item["path"])
                 state.summary.removed = unused
             else:
-                state.summary.stale = unused
+                state.summary.unused = unused
                 state.summary.unused_fail = settings.unused == "fail"
                 if unused and settings.unused == "fail" and session.exitstatus == 0:
                     session.exitstatus = pytest.ExitCode.TESTS_FAILED

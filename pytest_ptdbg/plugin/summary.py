@@ -68,7 +68,7 @@ class SessionSummary:
         self.golden_root = golden_root
         self.entries: List[Dict[str, Any]] = []
         #: unused goldens (their test or call is gone), and those an update removed
-        self.stale: List[Dict[str, Any]] = []
+        self.unused: List[Dict[str, Any]] = []
         self.removed: List[Dict[str, Any]] = []
         self.unused_fail = True
         self.json_path: Optional[str] = None
@@ -91,7 +91,7 @@ class SessionSummary:
             status = e.get("golden_status")
             if status:
                 out[status] = out.get(status, 0) + 1
-        out["unused"] = len(self.stale)
+        out["unused"] = len(self.unused)
         out["removed"] = len(self.removed)
         return out
 
@@ -104,7 +104,7 @@ class SessionSummary:
         return out
 
     def write_json(self) -> Optional[str]:
-        if not self.entries and not self.stale and not self.removed:
+        if not self.entries and not self.unused and not self.removed:
             return None
         os.makedirs(self.dump_root, exist_ok=True)
         path = os.path.join(self.dump_root, SUMMARY_NAME)
@@ -116,7 +116,7 @@ class SessionSummary:
             "counts": self.counts(),
             "tests": sorted(self.entries, key=lambda e: (e.get("nodeid", ""), e.get("call", 0))),
             "goldens": self.golden_counts(),
-            "unused_goldens": self.stale,
+            "unused_goldens": self.unused,
             "removed_goldens": self.removed,
         }
         tmp = path + ".tmp"
@@ -145,8 +145,8 @@ class SessionSummary:
             ]
             cls = "bad" if e.get("verdict") not in ("passed", "skipped") else ""
             rows.append(f'<tr class="{cls}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-        stale = "".join(f"<li>{html.escape(s['nodeid'])}: {html.escape(s['path'])}</li>"
-                        for s in self.stale)
+        unused = "".join(f"<li>{html.escape(s['nodeid'])}: {html.escape(s['path'])}</li>"
+                        for s in self.unused)
         doc = (
             "<!doctype html><meta charset='utf-8'><title>ptdbg precision summary</title>"
             "<style>body{font-family:sans-serif}td,th{padding:2px 8px;border-bottom:1px solid #ddd;"
@@ -155,7 +155,7 @@ class SessionSummary:
             f"<p>{html.escape(', '.join(f'{v} {k}' for k, v in sorted(self.counts().items())))}"
             "</p><table><tr><th>test</th><th>verdict</th><th>test outcome</th><th>worst tensor"
             "</th><th>first suspect</th><th>where</th><th>report</th></tr>" + "".join(rows) +
-            "</table>" + (f"<h2>Unused goldens</h2><ul>{stale}</ul>" if stale else ""))
+            "</table>" + (f"<h2>Unused goldens</h2><ul>{unused}</ul>" if unused else ""))
         path = os.path.join(self.dump_root, INDEX_NAME)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             f.write(doc)
@@ -163,7 +163,7 @@ class SessionSummary:
         return path
 
     def write_terminal(self, tr: Any) -> None:
-        if not self.entries and not self.stale and not self.removed:
+        if not self.entries and not self.unused and not self.removed:
             return
         tr.write_sep("=", "ptdbg precision summary")
         for entry in sorted(self.entries, key=lambda e: (e.get("nodeid", ""), e.get("call", 0))):
@@ -172,12 +172,12 @@ class SessionSummary:
             tr.write_line(entry_line(entry), **markup)
             if entry.get("verdict") != "passed" and entry.get("html"):
                 tr.write_line(f"      report: {entry['html']}")
-        if self.stale:
+        if self.unused:
             verb = "fail the run" if self.unused_fail else "warning only (--ptdbg-unused=warn)"
             tr.write_line(f"unused goldens (their test or call is gone; --ptdbg-update removes "
-                          f"them; {verb}): {len(self.stale)}", red=self.unused_fail,
+                          f"them; {verb}): {len(self.unused)}", red=self.unused_fail,
                           yellow=not self.unused_fail)
-            for item in self.stale:
+            for item in self.unused:
                 tr.write_line(f"  {item['nodeid']}  {item['path']}  ({item.get('why', '')})",
                               yellow=True)
         for item in self.removed:
