@@ -195,6 +195,8 @@ def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
     """The parser; with ``only``, import just that subcommand (others are listed, not imported)."""
     parser = argparse.ArgumentParser(prog="ptdbg", description="pytest-ptdbg: dump, compare, replay.",
                                      epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-V", "--version", action="store_true",
+                        help="print the version of pytest-ptdbg and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (target, kind, help_) in SUBCOMMANDS.items():
         if only is not None and name == only and kind == "add_parser":
@@ -219,6 +221,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _main(argv: Optional[Sequence[str]]) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        from pytest_ptdbg import __version__
+
+        print(f"ptdbg (pytest-ptdbg) {__version__}")
+        return EXIT_OK
     cmd = argv[0] if argv and not argv[0].startswith("-") else None
     if cmd is not None and cmd in SUBCOMMANDS and SUBCOMMANDS[cmd][1] == "main":
         fn = _resolve(SUBCOMMANDS[cmd][0])

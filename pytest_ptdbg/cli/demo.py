@@ -1,7 +1,8 @@
 """The main job's demo: dump one training step of an example model and summarise the dump.
 
-``python -m pytest_ptdbg.cli.demo [--out DIR] [--model tiny_gpt] [--summary-only]`` (also
-``ptdbg demo``) runs forward, backward and one optimizer step of an example model under
+``python -m pytest_ptdbg.cli.demo [--out DIR] [--model tiny_gpt|mlp] [--summary-only]`` (also
+``ptdbg demo``) runs forward, backward and one optimizer step of a model shipped in the package
+(``cli/demo_model.py``, so it works from a normal install) under
 ``PrecisionDebugger`` in ``api_stack`` mode, then prints where the dump is, how many APIs were
 recorded forward and backward (and how many of them in the optimizer step), and its size.
 """
@@ -18,7 +19,6 @@ from typing import List, Optional, Sequence
 from pytest_ptdbg.format import records
 
 DEFAULT_OUT = "ptdbg_report"
-_MODELS = ("tiny_gpt", "mlp", "cnn", "lstm", "bench_mlp", "bench_transformer")
 
 
 @dataclass
@@ -99,42 +99,28 @@ def summarize_dump(rank_dir: str, mode: str = "api_stack") -> DumpSummary:
     return s
 
 
-def _import_example_models():
-    """``example_models`` from the path, else from the source checkout this package sits in."""
-    try:
-        import example_models
-    except ImportError:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        if not os.path.isfile(os.path.join(root, "example_models", "__init__.py")):
-            raise
-        sys.path.insert(0, root)
-        import example_models
-    return example_models
-
-
 def run_demo(out: str = DEFAULT_OUT, model_name: str = "tiny_gpt", summary_only: bool = False,
              seed: int = 0, mode: str = "api_stack") -> DumpSummary:
     """Dump one training step of ``model_name`` under ``out`` and return its summary.
 
     A previous demo dump under ``out`` (its ``ptdbg_dump_v4.0`` folder) is replaced.
     """
-    example_models = _import_example_models()
     from pytest_ptdbg import PrecisionDebugger, seed_all
+    from pytest_ptdbg.cli import demo_model
 
-    factory = getattr(example_models, model_name, None)
-    if model_name not in _MODELS or factory is None:
-        raise ValueError(f"model={model_name!r}: expected one of {', '.join(_MODELS)}")
+    if model_name not in demo_model.MODELS:
+        raise ValueError(f"model={model_name!r}: expected one of {', '.join(demo_model.MODELS)}")
     old = os.path.join(out, records.DUMP_DIR_NAME)
     if os.path.isdir(old):
         shutil.rmtree(old)
     os.makedirs(out, exist_ok=True)
-    model, batch = factory(seed=seed)
+    model, batch = demo_model.build(model_name, seed=seed)
     seed_all(seed)
     debugger = PrecisionDebugger(dump_path=out, hook_name="dump", step=[0])
     debugger.configure_hook(mode=mode, summary_only=summary_only)
     debugger.start()
     try:
-        example_models.train_step(model, batch)
+        demo_model.train_step(model, batch)
     finally:
         debugger.stop()
     debugger.step()
@@ -142,6 +128,12 @@ def run_demo(out: str = DEFAULT_OUT, model_name: str = "tiny_gpt", summary_only:
     if not rank_dirs:
         raise FileNotFoundError(f"the debugger wrote no rank folder under {records.step_dir(out, 0)}")
     return summarize_dump(os.path.join(records.step_dir(out, 0), rank_dirs[0]), mode)
+
+
+def _model_names() -> tuple:
+    from pytest_ptdbg.cli.demo_model import MODELS
+
+    return MODELS
 
 
 def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
@@ -152,7 +144,8 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
         description="Dump one training step of an example model and summarise the dump.")
     p.add_argument("--out", "-o", default=DEFAULT_OUT,
                    help=f"dump directory (default: ./{DEFAULT_OUT}); a previous demo dump there is replaced")
-    p.add_argument("--model", default="tiny_gpt", choices=_MODELS, help="example model (default: tiny_gpt)")
+    p.add_argument("--model", default="tiny_gpt", choices=_model_names(),
+                   help="demo model, shipped in the package (default: tiny_gpt)")
     p.add_argument("--summary-only", action="store_true", help="statistics only, no .npy tensor files")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, batch and dropout (default: 0)")
     return p
@@ -163,10 +156,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         summary = run_demo(args.out, args.model, args.summary_only, args.seed)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
+    except (ValueError, OSError) as exc:
         print(f"ptdbg demo: error: {exc}", file=sys.stderr)
         return 2
-    print(f"ptdbg demo: one training step of example_models.{args.model} "
+    print(f"ptdbg demo: one training step of the demo model {args.model} "
           "(forward, backward, optimizer step), mode api_stack")
     print(summary.text())
     return 0

@@ -7,6 +7,13 @@ Artifacts of a session go under the dump directory (``--ptdbg-dump-dir``; defaul
 ``<basetemp>/ptdbg`` with ``--basetemp``, else ``.pytest_cache/d/ptdbg/run-<time>-<pid>/``, the
 last three sessions kept): one folder per test (``<worker>/`` in front under xdist), and at the top
 ``ptdbg_summary.json`` and ``index.html`` (links to every kept HTML report).
+
+Goldens (``golden.py``: the store and its text format; ``golden_check.py``: the checks and the
+reference dump for ``compare()``; ``callkeys.py``: stable call keys) are the reference where the
+device under test and the bench are the same device in the same dtype. The controller counts
+them from the tests' summary entries and, at the end, fails the run on unused ones
+(``--ptdbg-unused``) or removes them (``--ptdbg-update``). A comparison that failed and that the
+test never asserted turns its passing call report into a failure (``_fail_unasserted``).
 """
 from __future__ import annotations
 
@@ -19,7 +26,8 @@ from typing import Any, Dict, Optional, Set
 import pytest
 
 from pytest_ptdbg.plugin import options as plugin_options
-from pytest_ptdbg.plugin.golden import partial_files, stale_goldens
+from pytest_ptdbg.plugin.golden import ci_mode, partial_files, remove as remove_golden, \
+    unused_goldens
 from pytest_ptdbg.plugin.summary import REPORT_ATTR, SessionSummary
 
 #: marker file in each test's artifact folder; the session start clears only folders holding it
@@ -39,9 +47,13 @@ class PtdbgState:
         self.summary = SessionSummary(dump_root, settings.golden, run_dir)
         #: node ids the collectors found (selected or not); under xdist, sent by every worker
         self.known_ids: Set[str] = set()
-        #: False when some worker did not send its ids (crashed): stale goldens are not judged
+        #: False when some worker did not send its ids (crashed): unused goldens are not judged
         self.ids_complete = True
         self.basetemp_ready = False
+        #: missing goldens are never written (``--ptdbg-golden-ci``, ini, or a CI variable)
+        self.golden_ci = ci_mode(settings.golden_ci)
+        #: node ids whose call phase passed (a golden of a call they no longer make is unused)
+        self.ran_whole: Set[str] = set()
 
     @property
     def is_worker(self) -> bool:
@@ -183,6 +195,8 @@ class _SessionHooks:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: Any, call: Any) -> Any:
         report = yield
+        if report.when == "call" and report.passed:
+            _fail_unasserted(item, report)
         item.stash.setdefault(CALL_REPORT, {})[report.when] = report
         if report.when == "teardown":
             entries = getattr(item, "_ptdbg_entries", None)
@@ -192,7 +206,11 @@ class _SessionHooks:
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         # xdist: the controller gets every worker's reports here; without xdist, our own.
-        if report.when == "teardown" and not self.state.is_worker:
+        if self.state.is_worker:
+            return
+        if report.when == "call" and report.passed:
+            self.state.ran_whole.add(report.nodeid)
+        if report.when == "teardown":
             self.state.summary.add_report(report)
 
     def pytest_sessionfinish(self, session: Any) -> None:
@@ -200,12 +218,27 @@ class _SessionHooks:
         if state.is_worker:
             return
         config = session.config
+        settings = state.settings
         # --lf drops tests of a file silently: then no file is known to be collected whole
-        if state.settings.golden and state.ids_complete and not config.getoption("lf", False):
+        if settings.golden != plugin_options.GOLDEN_OFF and state.ids_complete and \
+                not config.getoption("lf", False) and not session.shouldstop and \
+                not session.shouldfail:
             partial = partial_files(config.args, str(config.invocation_params.dir),
                                     str(config.rootpath))
-            state.summary.stale = stale_goldens(state.settings.golden, state.known_ids,
-                                                str(config.rootpath), partial)
+            used = {os.path.abspath(e["golden"]) for e in state.summary.entries
+                    if e.get("golden")}
+            in_golden_mode = {e["nodeid"] for e in state.summary.entries if e.get("golden")}
+            unused = unused_goldens(state.known_ids, used, state.ran_whole & in_golden_mode,
+                                    str(config.rootpath), settings.golden, partial)
+            if settings.update_golden:
+                for item in unused:
+                    remove_golden(item["path"])
+                state.summary.removed = unused
+            else:
+                state.summary.unused = unused
+                state.summary.unused_fail = settings.unused == "fail"
+                if unused and settings.unused == "fail" and session.exitstatus == 0:
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
         state.summary.write_json()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -213,12 +246,29 @@ class _SessionHooks:
             self.state.summary.write_terminal(terminalreporter)
 
 
+def _fail_unasserted(item: Any, report: Any) -> None:
+    """A comparison that failed and that the test never asserted fails the test (strict)."""
+    dump = getattr(item, "_ptdbg_fixture", None)
+    if dump is None:
+        return
+    missed = dump.unasserted()
+    if not missed:
+        return
+    from pytest_ptdbg.plugin.assertions import unasserted_message
+
+    report.outcome = "failed"
+    report.longrepr = unasserted_message(missed)
+
+
 @pytest.fixture
 def ptdbg_dump(request: Any) -> Any:
-    """Run a step on the device under test and on the bench under the dump hooks, and compare.
+    """Run a step on the device under test and on the bench under the dump hooks, and compare;
+    where device and bench are the same device in the same dtype, judge against the test's golden.
 
-    ``result = ptdbg_dump(model, inputs, step=None, **settings)``; ``result.assert_precision()``.
-    Also ``ptdbg_dump.compare_runs(run, reference, inputs=())`` for two callables on one device.
+    ``result = ptdbg_dump(model, inputs, step=None, loss_fn=None, **settings)``;
+    ``result.assert_precision()`` (or ``result.expect_failure()``: a failing result the test
+    never asserts fails it). Also ``ptdbg_dump.compare_runs(run, reference, *args)`` for two
+    callables on one device.
     """
     from pytest_ptdbg.plugin.fixture import PtdbgDump
 

@@ -249,6 +249,7 @@ def _suspect_line(i: int, s: Any) -> str:
     growth = s.growth if s.growth is not None and math.isfinite(s.growth) else None
     if s.kind == "unpaired":
         side = getattr(s, "side", "") or "one"
+        side = "device" if side == "NPU" else side   # the advisor's name for the device side
         return f"  {i}. {s.api} [called on the {side} side only] at {s.location}"
     what = {"own": "own error", "nonfinite": "NaN/Inf first appears here",
             "inherited": "inherited error"}.get(s.kind, s.kind)
@@ -326,6 +327,55 @@ def assert_precision(result: Any, **thresholds: Any) -> Any:
     """
     __tracebackhide__ = True
     ev = evaluate(result, **thresholds)
+    health = list(getattr(result, "health_problems", None) or [])
+    gcheck = _golden_in_force(getattr(result, "golden_check", None), ev.settings)
+    if ev.passed and not health and (gcheck is None or gcheck.passed):
+        return ev
+    parts: List[str] = []
+    if health:
+        parts.append("NaN/Inf check failed: " + "; ".join(health))
+    if gcheck is not None and not gcheck.passed:
+        parts.append(gcheck.message(getattr(result, "nodeid", "")))
     if not ev.passed:
-        raise PrecisionError(failure_message(ev, result), ev)
-    return ev
+        parts.append(failure_message(ev, result))
+    elif parts:
+        paths = [getattr(ev.compare_result, a, None) for a in ("html_path", "csv_path")]
+        if any(paths):
+            parts.append("artifacts:\n" + "\n".join(f"  {p}" for p in paths if p))
+    raise PrecisionError("\n".join(parts), ev)
+
+
+def _golden_in_force(gcheck: Any, s: Settings) -> Any:
+    """The golden check with the differences that ``ignore``/``only``/``ignore_optimizer`` of
+    ``s`` leave out removed (None without a golden)."""
+    if gcheck is None:
+        return None
+    import dataclasses
+
+    def skipped(key: str) -> bool:
+        low = key.lower()
+        if s.ignore_optimizer and key.startswith("optimizer/"):
+            return True
+        if any(str(p).lower() in low for p in s.ignore):
+            return True
+        return bool(s.only) and not any(str(p).lower() in low for p in s.only)
+
+    kept = [d for d in gcheck.differences if not skipped(d.key)]
+    if len(kept) == len(gcheck.differences):
+        return gcheck
+    culprit = gcheck.culprit if gcheck.culprit in kept else (kept[0] if kept else None)
+    return dataclasses.replace(gcheck, differences=kept, culprit=culprit,
+                               location=gcheck.location if culprit is gcheck.culprit else "")
+
+
+def unasserted_message(results: List[Any]) -> str:
+    """Why a test that passed is reported failed: comparisons that failed and were never asserted."""
+    lines = [f"{len(results)} precision comparison(s) failed and the test never asserted them "
+             "(call result.assert_precision(); to expect the failure, result.expect_failure() "
+             "or pytest.raises(PrecisionError))"]
+    for r in results:
+        try:
+            assert_precision(r)
+        except PrecisionError as exc:
+            lines.append(str(exc))
+    return "\n".join(lines)

@@ -1,31 +1,49 @@
-"""Golden store: one compact reference dump per test node id under the golden directory.
+"""Golden store: one small text file per test (and call) that a fresh run is judged against.
 
-Layout::
+Where (``golden_path``): by default next to the test file, ``{test dir}/__ptdbg__/{test file
+stem}/{test name}.golden.jsonl`` (``TestClass.test_x-param`` for a method with a parametrize
+id; ``.call1`` and up for the later ``ptdbg_dump`` calls of one test). With ``--ptdbg-golden=DIR``
+(ini ``ptdbg_golden``) under ``DIR/{test file path without .py}/`` instead.
 
-    {golden}/{test file path}/{test name}[__call{n}]/golden.json
-    {golden}/{test file path}/{test name}[__call{n}]/ptdbg_dump_v4.0/step0/rank0/{mode}_dump.pkl
-
-``golden.json`` records the node id (authoritative: directory names are sanitised), the call
-index within the test, the device it was recorded on, its dump mode and whether it holds full
-tensors.
-No torch here.
+What (``render``/``parse``): UTF-8 text, one JSON object per line, no timestamps,
+so that an unchanged model gives the same bytes. The first line is the header
+(``{"format": "pytest-ptdbg golden", "version": 1, "nodeid": ..., "call": n, "mode": ...}``), keys in a fixed order,
+then one line per recorded call (``{"k": key, "call": {args, kwargs}}``: the non-tensor
+arguments, tensors as ``{"t": "input.0"}``) and one per tensor (``{"k": key, "t":
+"forward.input.0", "dtype": ..., "shape": [...], "stats": [max, min, mean, l2norm]}``, statistics
+rounded to 6 significant digits, ``"nonfinite": [nan, inf]`` when there are any). ``key`` is the
+stable call key of ``callkeys.py``. No torch here.
 """
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
+import math
 import os
 import re
-import shutil
-from typing import Any, Dict, Iterable, List, Optional, Set
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Set
 
-META = "golden.json"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._\-\[\]=+,]")
+FOLDER = "__ptdbg__"
+SUFFIX = ".golden.jsonl"
+FORMAT = "pytest-ptdbg golden"
+VERSION = 1
+#: significant digits kept of every statistic
+DIGITS = 6
+#: the largest golden file read (a golden is a few hundred KB at most)
+MAX_BYTES = 64 * 1024 * 1024
+_UNSAFE = re.compile(r"[^A-Za-z0-9._\-=+,]")
+_ARTIFACT_UNSAFE = re.compile(r"[^A-Za-z0-9._\-\[\]=+,]")
 
 
-def _safe(part: str) -> str:
-    part = _UNSAFE.sub("_", part).strip(".") or "_"
+class GoldenError(ValueError):
+    """A golden file that cannot be used (names the file and line)."""
+
+
+# ------------------------------------------------------------------------------ paths
+
+def _safe(part: str, pattern: "re.Pattern[str]" = _UNSAFE) -> str:
+    part = pattern.sub("_", part).strip(".") or "_"
     if len(part) > 120:  # keep paths portable; the hash keeps long parametrize ids distinct
         part = part[:100] + "-" + hashlib.sha1(part.encode()).hexdigest()[:12]
     return part
@@ -34,137 +52,243 @@ def _safe(part: str) -> str:
 def node_relpath(nodeid: str, call_index: int = 0) -> str:
     """Relative directory of a test's artifacts: the file path, then the test name(s)."""
     file_part, _, rest = nodeid.partition("::")
-    parts = [_safe(p) for p in file_part.replace("\\", "/").split("/") if p not in ("", ".", "..")]
-    parts += [_safe(p) for p in rest.split("::") if p]
+    parts = [_safe(p, _ARTIFACT_UNSAFE) for p in file_part.replace("\\", "/").split("/")
+             if p not in ("", ".", "..")]
+    parts += [_safe(p, _ARTIFACT_UNSAFE) for p in rest.split("::") if p]
     if call_index:
         parts[-1] += f"__call{call_index}"
     return os.path.join(*parts) if parts else "_"
 
 
-def golden_dir(root: str, nodeid: str, call_index: int = 0) -> str:
-    return os.path.join(root, node_relpath(nodeid, call_index))
+def golden_name(nodeid: str, call_index: int = 0) -> str:
+    """File name of a test's golden: ``test_x-param[.callN].golden.jsonl`` (no brackets)."""
+    rest = nodeid.partition("::")[2] or nodeid
+    name = ".".join(p for p in rest.split("::") if p)
+    if "[" in name and name.endswith("]"):
+        head, _, param = name[:-1].partition("[")
+        name = f"{head}-{param}"
+    safe = _safe(name)
+    if safe != name:  # characters replaced: a hash of the id keeps two such ids apart
+        safe = f"{safe}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return f"{safe}{f'.call{call_index}' if call_index else ''}{SUFFIX}"
 
 
-def has_golden(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, META))
+def golden_path(nodeid: str, call_index: int, rootdir: str, root: Optional[str] = None) -> str:
+    """Where the golden of ``nodeid`` (call ``call_index``) lives; ``root`` is the explicit
+    golden directory, else the ``__ptdbg__`` folder beside the test file."""
+    file_part = nodeid.partition("::")[0].replace("\\", "/")
+    stem = os.path.splitext(file_part)[0]
+    if root:
+        parts = [_safe(p) for p in stem.split("/") if p not in ("", ".", "..")] or ["_"]
+        folder = os.path.join(root, *parts)
+    else:
+        folder = os.path.join(rootdir, os.path.dirname(file_part), FOLDER,
+                              _safe(os.path.basename(stem)))
+    return os.path.join(folder, golden_name(nodeid, call_index))
 
 
-def read_meta(path: str) -> Dict[str, Any]:
-    meta_path = os.path.join(path, META)
+# ------------------------------------------------------------------------------ text
+
+def round_stat(value: Any) -> Any:
+    """A statistic as the golden keeps it: 6 significant digits; NaN/Inf as strings."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value
     try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"golden metadata {meta_path} is unreadable: {exc}") from None
-    if not isinstance(meta, dict) or "nodeid" not in meta:
-        raise ValueError(f"golden metadata {meta_path} has no 'nodeid' field")
-    return meta
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    r = float(f"{v:.{DIGITS}g}")
+    return 0.0 if r == 0 else r
 
 
-def strip_stacks(dump_path: str) -> None:
-    """Drop the stack records from every ``.pkl`` under ``dump_path`` (the device under test's own
-    dump supplies the stacks when comparing; they are most of a statistics-only dump's size)."""
-    from pytest_ptdbg.format.records import STACK_SUFFIX
-
-    for base, _, files in os.walk(dump_path):
-        for name in files:
-            if not name.endswith(".pkl"):
-                continue
-            path = os.path.join(base, name)
-            with open(path, encoding="utf-8") as f:
-                lines = [ln for ln in f if not _is_stack_line(ln, STACK_SUFFIX)]
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                f.writelines(lines)
-            os.replace(path + ".tmp", path)
-            _recount_manifest(path, lines)
+def stat_value(value: Any) -> float:
+    """A golden statistic back as a float (``"nan"`` -> NaN)."""
+    if isinstance(value, str):
+        return float(value)
+    if value is None:
+        return math.nan
+    return float(value)
 
 
-def _recount_manifest(pkl: str, lines: list) -> None:
-    """The stripped ``.pkl``'s manifest counts the lines it still holds (status unchanged)."""
-    from pytest_ptdbg.format.manifest import read_manifest, write_manifest
+def encode(obj: Dict[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
 
+
+@dataclass
+class Golden:
+    """A parsed golden: its header and its call/tensor lines, in recorded order."""
+
+    path: str
+    header: Dict[str, Any]
+    lines: List[Dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def nodeid(self) -> str:
+        return str(self.header.get("nodeid", ""))
+
+
+def header(nodeid: str, call: int, mode: str, device: str) -> Dict[str, Any]:
+    return {"format": FORMAT, "version": VERSION, "nodeid": nodeid, "call": call, "mode": mode,
+            "device": device}
+
+
+def render(head: Dict[str, Any], lines: Iterable[Dict[str, Any]]) -> str:
+    return "".join(encode(x) + "\n" for x in [head, *lines])
+
+
+def parse(text: str, path: str) -> Golden:
+    """A golden's text; GoldenError names ``path:line`` for anything it cannot use."""
+    rows = text.splitlines()
+    if not rows:
+        raise GoldenError(f"{path}: empty golden file")
+    out: List[Dict[str, Any]] = []
+    for n, row in enumerate(rows, 1):
+        try:
+            obj = json.loads(row)
+        except ValueError as exc:
+            raise GoldenError(f"{path}:{n}: not a JSON line ({exc})") from None
+        if not isinstance(obj, dict):
+            raise GoldenError(f"{path}:{n}: expected a JSON object")
+        out.append(obj)
+    head = out[0]
+    if head.get("format") != FORMAT or head.get("version") != VERSION or "nodeid" not in head:
+        raise GoldenError(f"{path}:1: not a pytest-ptdbg golden header (format {FORMAT!r}, "
+                          f"version {VERSION}, nodeid)")
+    for n, obj in enumerate(out[1:], 2):
+        if not isinstance(obj.get("k"), str) or not ("call" in obj or isinstance(obj.get("t"), str)):
+            raise GoldenError(f"{path}:{n}: a golden line needs 'k' and 'call' or 't'")
+        if "t" in obj and not (isinstance(obj.get("stats"), list) and isinstance(obj.get("shape"), list)):
+            raise GoldenError(f"{path}:{n}: a tensor line needs 'stats' and 'shape' lists")
+    return Golden(path, head, out[1:])
+
+
+def read(path: str) -> Golden:
     try:
-        doc = read_manifest(pkl)
-    except ValueError:
-        return  # an invalid manifest stays invalid: compare reports it
-    if doc is not None:
-        n = sum(1 for ln in lines if ln.endswith("\n") and ln.strip())
-        write_manifest(pkl, n, doc["complete"], doc.get("reason"))
+        if os.path.getsize(path) > MAX_BYTES:
+            raise GoldenError(f"{path}: larger than {MAX_BYTES} bytes; not a golden")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        raise GoldenError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise GoldenError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    return parse(text, path)
 
 
-def _is_stack_line(line: str, suffix: str) -> bool:
-    head = line[:400]
-    if suffix + '"' not in head:
-        return False
+def write(path: str, text: str) -> bool:
+    """Write ``text`` unless the file already holds exactly it; True when written."""
     try:
-        rec = json.loads(line)
-    except ValueError:
-        return False
-    return bool(rec) and isinstance(rec[0], str) and rec[0].endswith(suffix)
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return False
+    except (OSError, UnicodeDecodeError):
+        pass
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return True
 
 
-def commit(staging: str, final: str, meta: Dict[str, Any]) -> None:
-    """Write ``meta`` into ``staging`` and move it to ``final``, replacing an older golden."""
-    meta = dict(meta, created=datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec="seconds"))
-    with open(os.path.join(staging, META), "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=2, sort_keys=True)
-    os.makedirs(os.path.dirname(final), exist_ok=True)
-    old = None
-    if os.path.exists(final):
-        old = final + ".old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(staging, final)
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def missing_message(nodeid: str, root: str, path: str) -> str:
-    return (f"no golden for {nodeid}\n"
-            f"  expected: {os.path.join(path, META)}\n"
-            f"  create it on a machine with the reference device:\n"
-            f"    pytest --ptdbg-golden={root} --ptdbg-update-golden '{nodeid}'\n"
-            f"  (add --ptdbg-bench=<device> to record on another reference device)")
-
-
-def iter_goldens(root: str) -> Iterable[Dict[str, Any]]:
-    """Every golden under ``root``: its metadata plus ``path``."""
-    if not root or not os.path.isdir(root):
+def remove(path: str) -> None:
+    """Delete a golden and the folders it leaves empty (up to the ``__ptdbg__`` folder)."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
         return
-    for base, dirs, files in os.walk(root):
-        if META in files:
-            dirs[:] = []
-            try:
-                meta = read_meta(base)
-            except ValueError:
-                continue
-            meta["path"] = base
-            yield meta
+    parent = os.path.dirname(path)
+    for _ in range(2):
+        try:
+            os.rmdir(parent)
+        except OSError:
+            return
+        if os.path.basename(parent) == FOLDER:
+            return
+        parent = os.path.dirname(parent)
 
 
-def stale_goldens(root: str, known_ids: Set[str], rootdir: str,
-                  partial: Iterable[str] = ()) -> List[Dict[str, Any]]:
-    """Goldens whose test no longer exists.
+# ------------------------------------------------------------------------------ the store
 
-    ``known_ids``: every test node id the session's collectors found (selected or deselected).
-    ``partial``: test files (rootdir-relative, ``/``-separated) of which only some node ids
-    were asked for (``file.py::test_a``): their other tests were never collected.
+def ci_mode(option: Optional[bool], environ: Optional[Dict[str, str]] = None) -> bool:
+    """Missing goldens are never written: ``--ptdbg-golden-ci`` / ini, or a ``CI`` variable."""
+    if option:
+        return True
+    env = os.environ if environ is None else environ
+    value = env.get("CI", "")
+    return bool(value) and value.strip().lower() not in ("0", "false", "no", "off")
 
-    A golden is stale when its node id is not known and either its test file no longer exists, or
-    that file was collected whole (so the test left it). Goldens of files that were not part of
-    this session, or only partly, are not judged.
+
+def missing_message(nodeid: str, path: str, ci: bool) -> str:
+    if ci:
+        return (f"no golden for {nodeid}: {path}\n"
+                f"  goldens are not created in CI (the CI variable or --ptdbg-golden-ci is set).\n"
+                f"  create it locally and commit it:  pytest --ptdbg-update '{nodeid}'")
+    return (f"golden created; run again: {nodeid} had no golden, this run wrote\n"
+            f"  {path}\n  (review and commit it; the next run is judged against it)")
+
+
+def iter_golden_files(folders: Iterable[str]) -> Iterator[str]:
+    seen: Set[str] = set()
+    for folder in sorted(set(folders)):
+        if not os.path.isdir(folder):
+            continue
+        for base, dirs, files in os.walk(folder):
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith(SUFFIX):
+                    path = os.path.abspath(os.path.join(base, name))
+                    if path not in seen:
+                        seen.add(path)
+                        yield path
+
+
+def search_folders(known_ids: Iterable[str], rootdir: str, root: Optional[str]) -> List[str]:
+    """Folders that may hold goldens of this session: the explicit root, or the ``__ptdbg__``
+    folders beside the test files collected."""
+    if root:
+        return [root]
+    dirs = {os.path.dirname(nid.partition("::")[0]) for nid in known_ids}
+    return [os.path.join(rootdir, d, FOLDER) for d in sorted(dirs)]
+
+
+def unused_goldens(known_ids: Set[str], used: Set[str], ran_whole: Set[str], rootdir: str,
+                   root: Optional[str], partial: Iterable[str] = ()) -> List[Dict[str, Any]]:
+    """Goldens no test uses.
+
+    ``known_ids``: every node id the collectors found (selected, deselected or skipped).
+    ``used``: golden paths the session's tests read or wrote. ``ran_whole``: node ids whose
+    test ran to its end (so a golden of a call it no longer makes is unused).
+    ``partial``: test files (rootdir-relative) of which only some node ids were asked for.
+
+    A golden is unused when its test's file was collected whole and its node id is not known,
+    or its test file no longer exists, or its test ran whole without using it.
     """
     files = {nid.partition("::")[0] for nid in known_ids} - {p.replace("\\", "/") for p in partial}
-    stale = []
-    for meta in iter_goldens(root):
-        nodeid = meta["nodeid"]
-        if nodeid in known_ids:
+    out = []
+    for path in iter_golden_files(search_folders(known_ids, rootdir, root)):
+        if path in used:
+            continue
+        try:
+            nodeid = read(path).nodeid
+        except GoldenError as exc:
+            out.append({"nodeid": "?", "path": path, "why": str(exc)})
             continue
         file_part = nodeid.partition("::")[0]
+        if nodeid in known_ids:
+            if nodeid in ran_whole:
+                out.append({"nodeid": nodeid, "path": path, "why": "the test no longer makes this call"})
+            continue
         if file_part in files or not os.path.exists(os.path.join(rootdir, file_part)):
-            stale.append({"nodeid": nodeid, "path": meta["path"]})
-    return sorted(stale, key=lambda m: m["nodeid"])
+            out.append({"nodeid": nodeid, "path": path, "why": "the test no longer exists"})
+    return sorted(out, key=lambda m: (m["nodeid"], m["path"]))
 
 
 def partial_files(args: Iterable[str], invocation_dir: str, rootdir: str) -> Set[str]:
@@ -181,8 +305,3 @@ def partial_files(args: Iterable[str], invocation_dir: str, rootdir: str) -> Set
         except ValueError:  # another drive than the rootdir: no node id of ours starts there
             continue
     return out
-
-
-def remove_tree(path: Optional[str]) -> None:
-    if path and os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)

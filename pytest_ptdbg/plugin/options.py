@@ -23,6 +23,9 @@ RANDOM = ("cpu", "native")
 #: dump modes of ``PrecisionDebugger.configure_hook`` a test may ask for (``stack`` writes no
 #: tensors and ``acl`` needs an ACL config: neither gives two dumps to compare)
 MODES = ("api_stack", "all", "list", "range", "api_list")
+#: ``--ptdbg-golden=none``: never use goldens (device and bench alike compare the code with itself)
+GOLDEN_OFF = "none"
+UNUSED = ("fail", "warn")
 
 #: threshold name -> help. Names match ``compare.verdict.Thresholds`` (``rtol``/``atol`` set the
 #: dtype rule's tolerances for every float dtype).
@@ -57,9 +60,11 @@ class Settings:
     ignore: Tuple[str, ...] = ()
     only: Tuple[str, ...] = ()
     ignore_optimizer: bool = False
+    #: explicit golden directory; None: ``__ptdbg__`` beside each test file; GOLDEN_OFF: none
     golden: Optional[str] = None
     update_golden: bool = False
-    golden_full: bool = False
+    golden_ci: bool = False
+    unused: str = "fail"
     #: what is dumped on both sides: ``configure_hook(mode, scope, api_list, filter_switch)``
     mode: str = "api_stack"
     scope: Tuple[str, ...] = ()
@@ -69,7 +74,7 @@ class Settings:
 
 #: keys accepted by the marker and by ``ptdbg_dump(...)`` (thresholds are accepted by name too)
 PER_TEST_KEYS = ("device", "bench", "dtype", "rule", "thresholds", "keep", "summary_only", "seed",
-                 "deterministic", "random", "ignore", "only", "ignore_optimizer", "golden_full",
+                 "deterministic", "random", "ignore", "only", "ignore_optimizer",
                  "mode", "scope", "api_list", "filter_switch")
 
 
@@ -79,6 +84,7 @@ class _Opt:
     kind: str          # "str" | "bool" | "int" | "float" | "path"
     help: str
     choices: Optional[Iterable[str]] = None
+    aliases: Tuple[str, ...] = ()
 
 
 _OPTIONS = (
@@ -95,12 +101,16 @@ _OPTIONS = (
     _Opt("dump_dir", "path", "where dumps, CSV/advisor/HTML reports and ptdbg_summary.json go "
          "[ini: ptdbg_dump_dir; default: <basetemp>/ptdbg with --basetemp, else "
          ".pytest_cache/d/ptdbg, one run-* folder per session]"),
-    _Opt("golden", "path", "golden directory: compare the device under test against recorded "
-         "reference dumps instead of running the bench device [ini: ptdbg_golden]"),
-    _Opt("update_golden", "bool", "(re)write the goldens from the bench device "
-         "[ini: ptdbg_update_golden]"),
-    _Opt("golden_full", "bool", "goldens keep full tensors, not only statistics "
-         "[ini: ptdbg_golden_full]"),
+    _Opt("golden", "path", "golden directory (default: a __ptdbg__ folder beside each test "
+         "file). Goldens are the reference when device and bench are the same device in the same "
+         "dtype (a CPU-only machine); 'none' turns them off [ini: ptdbg_golden]"),
+    _Opt("update_golden", "bool", "write the goldens that are missing or that this run's "
+         "judgement sees as changed, remove unused ones [ini: ptdbg_update_golden]",
+         aliases=("--ptdbg-update",)),
+    _Opt("golden_ci", "bool", "never write a missing golden, only fail (also when the CI "
+         "environment variable is set) [ini: ptdbg_golden_ci]"),
+    _Opt("unused", "str", "unused goldens (their test or call is gone): fail the run, or warn "
+         "[ini: ptdbg_unused; default fail]", UNUSED),
     _Opt("summary_only", "bool", "dump statistics only, no .npy tensors (faster; compare by "
          "statistics) [ini: ptdbg_summary_only]"),
     _Opt("seed", "int", "seed given to seed_all() right before each side's step "
@@ -130,7 +140,7 @@ def addoption(parser: Any) -> None:
     for opt in _OPTIONS:
         dest = "ptdbg_" + opt.name
         if opt.kind == "bool":
-            group.addoption(flag(opt.name), action="store_true", default=None, dest=dest,
+            group.addoption(*opt.aliases, flag(opt.name), action="store_true", default=None, dest=dest,
                             help=opt.help)
             parser.addini(ini_name(opt.name), opt.help, type="bool", default=None)
         else:
@@ -188,6 +198,8 @@ def _validate(settings: Settings, where: str) -> Settings:
         raise ValueError(f"{where}: rule={settings.rule!r}; allowed: {', '.join(RULES)}")
     if settings.random not in RANDOM:
         raise ValueError(f"{where}: random={settings.random!r}; allowed: {', '.join(RANDOM)}")
+    if settings.unused not in UNUSED:
+        raise ValueError(f"{where}: unused={settings.unused!r}; allowed: {', '.join(UNUSED)}")
     if settings.keep not in KEEP:
         raise ValueError(f"{where}: keep={settings.keep!r}; allowed: {', '.join(KEEP)}")
     for key in settings.thresholds:
@@ -238,7 +250,9 @@ def session_settings(config: Any) -> Tuple[Settings, Optional[str]]:
             value, where, base = _convert(opt.name, kind, ini, ini_name(opt.name)), "ini", ini_dir
         else:
             continue
-        if opt.kind == "path":
+        if opt.name == "golden" and str(value).strip().lower() in (GOLDEN_OFF, "off"):
+            value = GOLDEN_OFF
+        elif opt.kind == "path":
             value = _resolve_path(value, base)
         values[opt.name] = value
     thresholds: Dict[str, float] = {}
@@ -252,9 +266,9 @@ def session_settings(config: Any) -> Tuple[Settings, Optional[str]]:
     ignore = config.getoption("ptdbg_ignore") or config.getini("ptdbg_ignore") or []
     dump_dir = values.pop("dump_dir", None)
     settings = Settings(**values, thresholds=thresholds, ignore=tuple(ignore))
-    if settings.update_golden and not settings.golden:
-        raise ValueError("--ptdbg-update-golden needs the golden directory: add "
-                         "--ptdbg-golden=DIR (or ptdbg_golden in the ini file)")
+    if settings.update_golden and settings.golden == GOLDEN_OFF:
+        raise ValueError("--ptdbg-update-golden with --ptdbg-golden=none: there is no golden "
+                         "to update")
     return _validate(settings, "pytest-ptdbg options"), dump_dir
 
 
@@ -282,7 +296,7 @@ def per_test(base: Settings, overrides: Mapping[str, Any], where: str) -> Settin
             value = tuple(value) if isinstance(value, (list, tuple, set)) else (value,)
         elif key == "filter_switch":
             value = ("ON" if value else "OFF") if isinstance(value, bool) else str(value).upper()
-        elif key in ("summary_only", "deterministic", "ignore_optimizer", "golden_full"):
+        elif key in ("summary_only", "deterministic", "ignore_optimizer"):
             value = _convert(key, "bool", value, where)
         elif key == "seed":
             value = _convert(key, "int", value, where)
@@ -307,6 +321,6 @@ MARKER_HELP = ("ptdbg(**settings): per-test pytest-ptdbg settings, overriding th
                "ini: thresholds by name (cosine, max_abs, cosine_hard, max_abs_hard, summary_rel, "
                "rtol, atol, max_fail_fraction), rule, dtype, device, bench, "
                "ignore=[api substrings], only=[...], "
-               "ignore_optimizer, summary_only, seed, deterministic, random, keep, golden_full, "
+               "ignore_optimizer, summary_only, seed, deterministic, random, keep, "
                "mode (api_stack, all, list, range, api_list), scope=[api names], "
                "api_list=[api name parts], filter_switch (ON/OFF)")

@@ -21,7 +21,7 @@ import random
 import shutil
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -52,17 +52,101 @@ def to_device(obj: Any, device: Any) -> Any:
     return obj
 
 
-def default_step(model: Any, inputs: Any) -> Any:
-    """Forward (``model(*inputs)`` / ``model(**inputs)`` / ``model(inputs)``), then ``backward()``
-    when the output is a scalar tensor that requires grad. Returns the output."""
+def forward(model: Any, inputs: Any) -> Any:
+    """``model(**inputs)`` for a dict, ``model(*inputs)`` for a tuple/list, else ``model(inputs)``."""
     if isinstance(inputs, dict):
-        out = model(**inputs)
-    elif isinstance(inputs, (tuple, list)):
-        out = model(*inputs)
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def extract_loss(out: Any, loss_fn: Optional[Callable[[Any], Any]] = None) -> Tuple[Any, str]:
+    """The scalar loss of a model's output and, when there is none, why: a tensor, a dict's (or a
+    Hugging Face ``ModelOutput``'s) ``loss``, a tuple's or list's first element, or
+    ``loss_fn(output)`` when given. Returns ``(loss or None, reason)``."""
+    if loss_fn is not None:
+        loss = loss_fn(out)
+        where = "loss_fn(output)"
+    elif isinstance(out, torch.Tensor):
+        loss, where = out, "the output"
+    elif isinstance(out, dict) or hasattr(out, "keys") and hasattr(out, "__getitem__"):
+        keys = list(out.keys())
+        if "loss" not in keys or out["loss"] is None:
+            return None, (f"the model returned a {type(out).__name__} without a 'loss' "
+                          f"(keys: {', '.join(map(str, keys)) or 'none'}); pass loss_fn= or step=")
+        loss, where = out["loss"], f"the {type(out).__name__}'s 'loss'"
+    elif isinstance(out, (tuple, list)) and out:
+        loss, where = out[0], f"the {type(out).__name__}'s first element"
     else:
-        out = model(inputs)
-    if isinstance(out, torch.Tensor) and out.numel() == 1 and out.requires_grad:
-        out.backward()
+        return None, (f"the model returned {type(out).__name__}, not a loss tensor, a dict with "
+                      "'loss' or a tuple starting with the loss; pass loss_fn= or step=")
+    if not isinstance(loss, torch.Tensor):
+        return None, f"{where} is a {type(loss).__name__}, not a tensor; pass loss_fn= or step="
+    if loss.numel() != 1:
+        return None, (f"{where} is a tensor of shape {list(loss.shape)}, not a scalar loss; "
+                      "pass loss_fn= (e.g. lambda out: out.sum()) or step=")
+    if not loss.requires_grad:
+        return loss, (f"{where} does not require grad (no parameter takes part, or the model ran "
+                      "under torch.no_grad)")
+    return loss, ""
+
+
+class DefaultStep:
+    """Forward, then ``backward()`` of the loss (:func:`extract_loss`) when there is one that
+    requires grad. After a call, ``loss`` and ``no_backward`` (why backward did not run)."""
+
+    def __init__(self, loss_fn: Optional[Callable[[Any], Any]] = None) -> None:
+        self.loss_fn = loss_fn
+        self.loss: Any = None
+        self.no_backward = ""
+
+    def __call__(self, model: Any, inputs: Any) -> Any:
+        out = forward(model, inputs)
+        self.loss, self.no_backward = extract_loss(out, self.loss_fn)
+        if self.loss is not None and not self.no_backward:
+            self.loss.backward()
+        return out
+
+
+def default_step(model: Any, inputs: Any) -> Any:
+    """Forward, then ``backward()`` of the loss when the output has one (see :func:`extract_loss`)."""
+    return DefaultStep()(model, inputs)
+
+
+def _nonfinite(t: Any) -> int:
+    if not isinstance(t, torch.Tensor) or not (t.is_floating_point() or t.is_complex()):
+        return 0
+    return int((~torch.isfinite(t.detach())).sum().item())
+
+
+def health(model: Any, loss: Any) -> Dict[str, Any]:
+    """NaN/Inf after a step: in the loss, in each parameter's gradient and value (names only)."""
+    out: Dict[str, Any] = {"loss": _nonfinite(loss) if isinstance(loss, torch.Tensor) else 0,
+                           "grads": [], "params": []}
+    if isinstance(model, torch.nn.Module):
+        for name, p in model.named_parameters():
+            if p.grad is not None and _nonfinite(p.grad):
+                out["grads"].append(name)
+            if _nonfinite(p):
+                out["params"].append(name)
+    return out
+
+
+def health_problems(device: Dict[str, Any], bench: Optional[Dict[str, Any]],
+                    device_label: str = "device", bench_label: str = "bench") -> list:
+    """What is non-finite on the device side and not on the bench (None: no bench to show it)."""
+    bench = bench or {"loss": 0, "grads": [], "params": []}
+    out = []
+    if device.get("loss") and not bench.get("loss"):
+        out.append(f"the loss is NaN/Inf on the {device_label} side, finite on the "
+                   f"{bench_label} side")
+    for what, label in (("grads", "gradients"), ("params", "updated parameters")):
+        names = [n for n in device.get(what, []) if n not in set(bench.get(what, []))]
+        if names:
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            out.append(f"NaN/Inf in the {label} of {shown} on the {device_label} side, not on the "
+                       f"{bench_label} side")
     return out
 
 
@@ -105,6 +189,12 @@ class SideRun:
     pkl_path: str
     data_dir: Optional[str]
     output: Any = None
+    #: NaN/Inf after the step (``health``); None when not looked at (``compare_runs``)
+    health: Optional[Dict[str, Any]] = None
+    #: why no backward ran ("" when it did)
+    no_backward: str = ""
+    #: api key -> stable call key (``callkeys.py``), for goldens
+    keys: Optional[Dict[str, str]] = None
 
 
 def locate_dump(dump_path: str, summary_only: bool, mode: str = DUMP_MODE) -> SideRun:
@@ -124,8 +214,9 @@ def locate_dump(dump_path: str, summary_only: bool, mode: str = DUMP_MODE) -> Si
 
 
 def run_side(fn: Callable[..., Any], args: tuple, *, device: Any, dtype: str, dump_path: str,
-             settings: Settings, summary_only: bool) -> SideRun:
-    """Seed, then run ``fn(*args)`` under the debugger (and autocast when ``dtype`` asks)."""
+             settings: Settings, summary_only: bool, keys: Any = None) -> SideRun:
+    """Seed, then run ``fn(*args)`` under the debugger (and autocast when ``dtype`` asks);
+    ``keys`` (a ``callkeys.CallKeys``) notes the stable key of every recorded call."""
     __tracebackhide__ = True
     from pytest_ptdbg import PrecisionDebugger, seed_all
 
@@ -143,24 +234,47 @@ def run_side(fn: Callable[..., Any], args: tuple, *, device: Any, dtype: str, du
     seed_all(settings.seed, mode=settings.deterministic)
     with rnd, amp:
         debugger.start()
+        attached = False
+        if keys is not None:
+            from pytest_ptdbg.plugin.callkeys import attach
+
+            attached = attach(debugger, keys)
         try:
-            output = fn(*args)
+            with (keys if attached else nullcontext()):
+                output = fn(*args)
         finally:
             debugger.close()
     side = locate_dump(dump_path, summary_only, settings.mode)
     side.output = output
+    if attached:
+        side.keys = dict(keys.keys)
     return side
 
 
 def run_model(model: Any, inputs: Any, step: Optional[Callable[[Any, Any], Any]], *, device: Any,
-              dtype: str, dump_path: str, settings: Settings, summary_only: bool) -> SideRun:
-    """``step(copy of model on device, copy of inputs on device)`` under the debugger."""
+              dtype: str, dump_path: str, settings: Settings, summary_only: bool,
+              loss_fn: Optional[Callable[[Any], Any]] = None) -> SideRun:
+    """``step(copy of model on device, copy of inputs on device)`` under the debugger; the side
+    run notes NaN/Inf in the loss, gradients and parameters afterwards, and why no backward ran."""
     __tracebackhide__ = True
-    step = step or default_step
+    from pytest_ptdbg.plugin.callkeys import CallKeys
+
+    runner = DefaultStep(loss_fn) if step is None else step
     side_model = copy.deepcopy(model).to(device)
     side_inputs = to_device(inputs, device)
-    return run_side(step, (side_model, side_inputs), device=device, dtype=dtype,
-                    dump_path=dump_path, settings=settings, summary_only=summary_only)
+    side = run_side(runner, (side_model, side_inputs), device=device, dtype=dtype,
+                    dump_path=dump_path, settings=settings, summary_only=summary_only,
+                    keys=CallKeys(side_model))
+    if isinstance(runner, DefaultStep):
+        loss, side.no_backward = runner.loss, runner.no_backward
+    else:
+        loss, why = extract_loss(side.output, loss_fn) if side.output is not None else (None, "")
+        params = list(side_model.parameters())
+        if params and all(p.grad is None for p in params):
+            side.no_backward = ("the step left every parameter without a gradient (it ran no "
+                                "backward)")
+    side.health = health(side_model, loss)
+    return side
 
 
 def compare_sides(npu: SideRun, bench: SideRun, out_dir: str, settings: Settings) -> Any:
@@ -169,12 +283,13 @@ def compare_sides(npu: SideRun, bench: SideRun, out_dir: str, settings: Settings
     from pytest_ptdbg.plugin.compat import call_compare
 
     os.makedirs(out_dir, exist_ok=True)
-    full = npu.data_dir is not None and bench.data_dir is not None
+    # each side's own tensors: a statistics-only side (a golden) makes it a statistics compare
+    # of the tensors, and lets compare() judge the device side's calls on their own data
     params: Dict[str, Any] = {
         "npu_pkl_path": npu.pkl_path,
         "bench_pkl_path": bench.pkl_path,
-        "npu_dump_data_dir": npu.data_dir if full else None,
-        "bench_dump_data_dir": bench.data_dir if full else None,
+        "npu_dump_data_dir": npu.data_dir or "",
+        "bench_dump_data_dir": bench.data_dir or "",
         "is_print_compare_log": False,
     }
     return call_compare(params, out_dir, settings)

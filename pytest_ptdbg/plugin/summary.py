@@ -27,12 +27,21 @@ def entry_line(entry: Dict[str, Any]) -> str:
     name = entry.get("nodeid", "?")
     if entry.get("call", 0):
         name += f" (call {entry['call']})"
+    if entry.get("golden") and verdict in ("passed", "failed"):
+        name += "  vs golden"
     parts = [f"{label}  {name}"]
     if verdict == "skipped" or verdict == "missing-golden" or verdict == "error":
         parts.append(entry.get("reason", ""))
     outcome = entry.get("test_outcome")
     if outcome and verdict in ("passed", "failed") and outcome != verdict:
-        parts.append(f"[test {outcome}]")
+        parts.append("[expected by the test: it passed]" if verdict == "failed" and
+                     outcome == "passed" else f"[test {outcome}]")
+    if entry.get("golden_differences"):
+        parts.append(f"{entry['golden_differences']} golden record(s) differ")
+    for text in entry.get("nonfinite") or ():
+        parts.append(text)
+    for text in entry.get("notes") or ():
+        parts.append(f"({text})")
     worst = entry.get("worst")
     if worst:
         metrics = " ".join(f"{k}={fmt_number(worst[k], digits=4)}" for k in ("cosine", "max_abs_err", "rel_l2")
@@ -58,7 +67,10 @@ class SessionSummary:
         self.run_dir = run_dir or dump_root
         self.golden_root = golden_root
         self.entries: List[Dict[str, Any]] = []
-        self.stale: List[Dict[str, Any]] = []
+        #: unused goldens (their test or call is gone), and those an update removed
+        self.unused: List[Dict[str, Any]] = []
+        self.removed: List[Dict[str, Any]] = []
+        self.unused_fail = True
         self.json_path: Optional[str] = None
         self.index_path: Optional[str] = None
 
@@ -72,8 +84,27 @@ class SessionSummary:
             out[e.get("verdict", "?")] = out.get(e.get("verdict", "?"), 0) + 1
         return out
 
+    def golden_counts(self) -> Dict[str, int]:
+        """created / updated / unchanged / differs / missing, and unused (or removed) goldens."""
+        out = {k: 0 for k in ("created", "updated", "unchanged", "differs", "missing")}
+        for e in self.entries:
+            status = e.get("golden_status")
+            if status:
+                out[status] = out.get(status, 0) + 1
+        out["unused"] = len(self.unused)
+        out["removed"] = len(self.removed)
+        return out
+
+    def skipped(self) -> Dict[str, int]:
+        """Why ptdbg tests were skipped: reason -> number of tests."""
+        out: Dict[str, int] = {}
+        for e in self.entries:
+            if e.get("verdict") == "skipped":
+                out[e.get("reason", "?")] = out.get(e.get("reason", "?"), 0) + 1
+        return out
+
     def write_json(self) -> Optional[str]:
-        if not self.entries and not self.stale:
+        if not self.entries and not self.unused and not self.removed:
             return None
         os.makedirs(self.dump_root, exist_ok=True)
         path = os.path.join(self.dump_root, SUMMARY_NAME)
@@ -84,7 +115,9 @@ class SessionSummary:
             "golden_dir": self.golden_root,
             "counts": self.counts(),
             "tests": sorted(self.entries, key=lambda e: (e.get("nodeid", ""), e.get("call", 0))),
-            "stale_goldens": self.stale,
+            "goldens": self.golden_counts(),
+            "unused_goldens": self.unused,
+            "removed_goldens": self.removed,
         }
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -112,8 +145,8 @@ class SessionSummary:
             ]
             cls = "bad" if e.get("verdict") not in ("passed", "skipped") else ""
             rows.append(f'<tr class="{cls}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-        stale = "".join(f"<li>{html.escape(s['nodeid'])}: {html.escape(s['path'])}</li>"
-                        for s in self.stale)
+        unused = "".join(f"<li>{html.escape(s['nodeid'])}: {html.escape(s['path'])}</li>"
+                        for s in self.unused)
         doc = (
             "<!doctype html><meta charset='utf-8'><title>ptdbg precision summary</title>"
             "<style>body{font-family:sans-serif}td,th{padding:2px 8px;border-bottom:1px solid #ddd;"
@@ -122,7 +155,7 @@ class SessionSummary:
             f"<p>{html.escape(', '.join(f'{v} {k}' for k, v in sorted(self.counts().items())))}"
             "</p><table><tr><th>test</th><th>verdict</th><th>test outcome</th><th>worst tensor"
             "</th><th>first suspect</th><th>where</th><th>report</th></tr>" + "".join(rows) +
-            "</table>" + (f"<h2>Stale goldens</h2><ul>{stale}</ul>" if stale else ""))
+            "</table>" + (f"<h2>Unused goldens</h2><ul>{unused}</ul>" if unused else ""))
         path = os.path.join(self.dump_root, INDEX_NAME)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             f.write(doc)
@@ -130,7 +163,7 @@ class SessionSummary:
         return path
 
     def write_terminal(self, tr: Any) -> None:
-        if not self.entries and not self.stale:
+        if not self.entries and not self.unused and not self.removed:
             return
         tr.write_sep("=", "ptdbg precision summary")
         for entry in sorted(self.entries, key=lambda e: (e.get("nodeid", ""), e.get("call", 0))):
@@ -139,22 +172,36 @@ class SessionSummary:
             tr.write_line(entry_line(entry), **markup)
             if entry.get("verdict") != "passed" and entry.get("html"):
                 tr.write_line(f"      report: {entry['html']}")
-        if self.stale:
-            tr.write_line(f"stale goldens (their test no longer exists; delete them): "
-                          f"{len(self.stale)}", yellow=True)
-            for item in self.stale:
-                tr.write_line(f"  {item['nodeid']}  {item['path']}", yellow=True)
+        if self.unused:
+            verb = "fail the run" if self.unused_fail else "warning only (--ptdbg-unused=warn)"
+            tr.write_line(f"unused goldens (their test or call is gone; --ptdbg-update removes "
+                          f"them; {verb}): {len(self.unused)}", red=self.unused_fail,
+                          yellow=not self.unused_fail)
+            for item in self.unused:
+                tr.write_line(f"  {item['nodeid']}  {item['path']}  ({item.get('why', '')})",
+                              yellow=True)
+        for item in self.removed:
+            tr.write_line(f"removed unused golden: {item['path']}")
         counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts().items()))
         expected = sum(1 for e in self.entries
                        if e.get("verdict") == "failed" and e.get("test_outcome") == "passed")
         if expected:
-            counts += (f" ({expected} of the failed in tests that passed: the test expects the"
-                       " failure)")
+            counts += f" ({expected} of the failed expected by their test, which passed)"
         if self.entries:
             tr.write_line(f"ptdbg: {len(self.entries)} comparison(s): {counts}; artifacts in "
                           f"{self.run_dir}")
         else:
-            tr.write_line(f"ptdbg: no comparisons; {len(self.stale)} stale golden(s)")
+            tr.write_line("ptdbg: no comparisons")
+        g = self.golden_counts()
+        if any(g.values()):
+            tr.write_line("ptdbg goldens: " + ", ".join(
+                f"{g[k]} {k}" for k in ("created", "updated", "unchanged", "differs", "missing",
+                                        "unused", "removed")))
+        skipped = self.skipped()
+        if skipped:
+            n = sum(skipped.values())
+            tr.write_line(f"ptdbg: {n} test(s) skipped: " + "; ".join(
+                f"{why} ({k})" for why, k in sorted(skipped.items())), yellow=True)
         if self.json_path:
             tr.write_line(f"ptdbg: session summary {self.json_path}")
         if self.index_path:

@@ -103,3 +103,35 @@ def test_output_into_a_closed_pipe_stops_quietly(pair):
     proc.stdout.close()  # the reader went away before the first line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0 and "BrokenPipeError" not in err and "Traceback" not in err
+
+
+def test_version():
+    from pytest_ptdbg import __version__
+
+    r = run("--version", check_no_torch=True)
+    assert r.returncode == 0 and r.stdout.strip() == f"ptdbg (pytest-ptdbg) {__version__}"
+
+
+def test_demo_runs_from_a_normal_install(tmp_path):
+    """The package alone (as pip installs it, without the repository's example_models/ and
+    without the source checkout on sys.path): ``ptdbg demo`` dumps its own packaged model."""
+    import shutil
+
+    import pytest_ptdbg
+
+    site = tmp_path / "site"
+    shutil.copytree(os.path.dirname(pytest_ptdbg.__file__), site / "pytest_ptdbg",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(site))
+    code = "import sys; from pytest_ptdbg.cli import main; sys.exit(main(sys.argv[1:]))"
+    r = subprocess.run([sys.executable, "-c", code, "demo", "--summary-only"], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "example_models" not in r.stdout + r.stderr
+    assert "one training step of the demo model tiny_gpt" in r.stdout
+    assert (work / "ptdbg_report" / records.DUMP_DIR_NAME).is_dir()
+    r = subprocess.run([sys.executable, "-c", "import example_models"], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0     # the check above really ran without the example suite

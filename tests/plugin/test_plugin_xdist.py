@@ -40,7 +40,7 @@ def test_fail(ptdbg_dump):
 def test_xdist_two_workers_complete_summary(pytester):
     pytester.makepyfile(test_x=TESTS)
     dump = pytester.path / "dumps"
-    res = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider",
+    res = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "--ptdbg-golden=none",
                                         f"--ptdbg-dump-dir={dump}", "--ptdbg-keep=all")
     res.assert_outcomes(passed=2, failed=1)
     res.stdout.fnmatch_lines(["*ptdbg precision summary*",
@@ -81,16 +81,21 @@ def test_gone(ptdbg_dump):
 """
 
 
-def test_xdist_deselected_goldens_are_not_stale(pytester):
-    """Workers deselect (-k) on their side: the controller still knows test_b exists."""
+def test_xdist_goldens_counted_and_unused_ones_aggregated(pytester, monkeypatch):
+    """Workers collect and deselect (-k) on their side: the controller still knows test_b
+    exists, counts every worker's goldens, and fails the run on the one no test uses."""
+    monkeypatch.delenv("CI", raising=False)
     pytester.makepyfile(test_g=GOLDEN_TESTS)
-    args = ["-p", "no:cacheprovider", f"--ptdbg-golden={pytester.path / 'golden'}",
-            f"--ptdbg-dump-dir={pytester.path / 'dumps'}"]
-    pytester.runpytest_subprocess("-p", "no:xdist", *args,
-                                  "--ptdbg-update-golden").assert_outcomes(passed=3)
+    args = ["-p", "no:cacheprovider", f"--ptdbg-dump-dir={pytester.path / 'dumps'}"]
+    res = pytester.runpytest_subprocess("-p", "no:xdist", *args, "--ptdbg-update")
+    res.assert_outcomes(passed=3)
+    res.stdout.fnmatch_lines(["*ptdbg goldens: 3 created, 0 updated, 0 unchanged*"])
     pytester.makepyfile(test_g=GOLDEN_TESTS.split("def test_gone")[0])
     res = pytester.runpytest_subprocess("-n", "2", "-k", "test_a", *args)
     res.assert_outcomes(passed=1)
-    res.stdout.fnmatch_lines(["*stale goldens*: 1", "*test_g.py::test_gone*"])
+    assert res.ret == pytest.ExitCode.TESTS_FAILED
+    res.stdout.fnmatch_lines(["*unused goldens*: 1", "*test_g.py::test_gone*",
+                              "*ptdbg goldens: 0 created, 0 updated, 1 unchanged, 0 differs, "
+                              "0 missing, 1 unused*"])
     doc = json.loads((pytester.path / "dumps" / "ptdbg_summary.json").read_text())
-    assert [s["nodeid"] for s in doc["stale_goldens"]] == ["test_g.py::test_gone"]
+    assert [s["nodeid"] for s in doc["unused_goldens"]] == ["test_g.py::test_gone"]
