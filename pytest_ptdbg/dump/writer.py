@@ -40,7 +40,8 @@ from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors, report_intern
 from pytest_ptdbg.dump.call_spec import encode_call_json
 from pytest_ptdbg.dump.select import Selector, filtered_out
 from pytest_ptdbg.format import manifest, records
-from pytest_ptdbg.dump.stats import SHARED_CACHE, TensorStats, scalar_stats
+from pytest_ptdbg.dump.stats import (BATCH_DTYPES, SHARED_CACHE, TensorStats, batch_stats, dtype_name,
+                                     scalar_stats, tensor_stats)
 
 __all__ = ["RankWriter", "AsyncRankWriter", "DumpSink", "save_npy", "replace_dir"]
 
@@ -615,10 +616,18 @@ _WRITES_INPUTS = frozenset((
     ("Torch", "_batch_norm_with_update"), ("Functional", "sync_batch_norm"),
 ))
 _STRIDED = torch.strided
+_Param = torch.nn.Parameter
 #: the state of a call whose forward is done and whose backward is awaited
 _BWD_ONLY = (True, True, None, None)
-#: gradient lines are written in batches of at most this many (see the module docstring)
-_PENDING_MAX = 16
+#: records wait in memory (their statistics measured together, see DumpSink) until this many
+#: are queued, or :data:`SNAP_MAX_ELEMS` elements of snapshots are held
+QUEUE_MAX = 1024
+SNAP_MAX_ELEMS = 1 << 20
+#: tensors of at most this many elements are snapshotted and measured in a batch; larger ones
+#: at once (their statistics cost passes over the data, not Python overhead)
+SNAP_NUMEL = 8192
+_ref = weakref.ref
+_new_snaps = list  # (snapshot, dtype name, shape, cache key or None, weakref, version, statistics)
 
 
 class DumpSink(Sink):
@@ -627,6 +636,17 @@ class DumpSink(Sink):
     Records: every tensor and Python int/float among the inputs and outputs (bool flags such as
     ``inplace=False`` are only in the call spec), one stack record per API and direction in the
     modes that have stacks, and one line per gradient.
+
+    Deferred, batched statistics: a small dense floating CPU tensor (at most :data:`SNAP_NUMEL`
+    elements) is *snapshotted* (cloned) at the moment it is recorded (an input at the call's
+    entry, an output at its return, a gradient when autograd hands it over), and the statistics
+    of all waiting snapshots are computed together (``stats.batch_stats``) when the queue is
+    written: at :data:`QUEUE_MAX` records or :data:`SNAP_MAX_ELEMS` snapshot elements, before
+    every ``Distributed``/``NPU`` call, and at ``stop()``/``step()``. Records are therefore true
+    as at entry/return (the snapshot is taken then) and go to the ``.pkl`` in their order, in
+    whole lines. A snapshot of a tensor of at least ``cache.min_numel`` elements is reused for
+    the same data at the same version (the output of one call recorded again as the next one's
+    input), under the same rules as :class:`stats.StatsCache`, which receives the results.
     """
 
     def __init__(self, config: Any, rank_dir: str) -> None:
@@ -646,7 +666,13 @@ class DumpSink(Sink):
         self.apis_backward = 0
         self._bw_started: set = set()
         self._stack_json = _STACK_JSON  # shared by every step's sink: stacks repeat step after step
-        self._pending: List[str] = []  # backward lines not yet written (see on_backward)
+        # records not yet written: finished lines (str) and tensor records waiting for their
+        # statistics, ``(key, statistics or snapshot holder, rg, ctx, npy, spec)``
+        self._pending: list = []
+        self._snaps: list = []  # snapshot holders not yet measured
+        self._snap_elems = 0
+        self._slots: dict = {}  # cache key -> holder, for snapshots of tensors >= cache.min_numel
+        self._recent: Any = collections.deque(maxlen=4)  # see StatsCache: keeps memory from reuse
         sel = self.selector
         # decisions that do not depend on the call, made once
         self._every_call = sel.mode not in ("list", "range", "api_list")
@@ -656,13 +682,59 @@ class DumpSink(Sink):
         self.writer.prepare()
 
     # -- records ---------------------------------------------------------------------------
+    def _tensor(self, key: str, v: Any, ctx: str, lines: list, spec: Any, fresh: bool,
+                leaf: Any = None) -> None:
+        """Append the record of tensor ``v`` (its statistics now or, for a small tensor, a
+        snapshot to be measured with the batch) to ``lines``. ``leaf``: for a gradient, the leaf
+        it is produced for (see ``StatsCache.grad_stats``)."""
+        if self.filter_on and filtered_out(v):
+            return
+        cache = self.cache
+        tv = type(v)
+        if not fresh and (tv is _Tensor or tv is _Param) and v.dtype in BATCH_DTYPES and v.is_cpu \
+                and v.layout is _STRIDED and not v.is_nested and not v.is_inference():
+            n = v.numel()
+            if 0 < n <= SNAP_NUMEL:
+                ver = v._version
+                h = None
+                link = False
+                if n >= cache.min_numel:
+                    dk = (v.data_ptr(), v.dtype, v.shape, v.stride(), None)
+                    h = self._slots.get(dk)
+                    if h is not None and h[5] == ver and h[4]() is not None:
+                        link = True
+                    else:
+                        h = cache.peek(v)  # measured in an earlier batch or step
+                        if h is not None:
+                            link = True
+                        else:
+                            wr = _ref(v)
+                            h = [v.detach().clone(), dtype_name(v.dtype), tuple(v.shape), dk, wr, ver, None]
+                            self._slots[dk] = h
+                            self._recent.append(v)
+                            self._snaps.append(h)
+                            self._snap_elems += n
+                else:
+                    h = [v.detach().clone(), dtype_name(v.dtype), tuple(v.shape), None, None, ver, None]
+                    self._snaps.append(h)
+                    self._snap_elems += n
+                npy = self._save(key, v, link) if self.save_data else None
+                lines.append((key, h, v.requires_grad, ctx, npy, spec))
+                return
+        if fresh:
+            st = cache.fresh(v)
+        elif leaf is not None:
+            st = cache.grad_stats(v, leaf)
+        else:
+            st = cache.stats(v)
+        # a file saved earlier is reused only for data the cache vouches for
+        npy = self._save(key, v, cache.last_hit) if self.save_data else None
+        lines.append(record_line(key, st, v.requires_grad, ctx, npy, spec))
+
     def _records(self, api: str, io: str, items: Any, ctx: str, lines: list, spec: Any,
                  fresh: bool = False) -> Any:
-        """Append the lines of ``items`` (an index-ordered list) to ``lines``; returns the unused spec."""
-        save = self.save_data
+        """Append the records of ``items`` (an index-ordered list) to ``lines``; returns the unused spec."""
         filt = self.filter_on
-        cache = self.cache
-        stats = cache.fresh if fresh else cache.stats
         prefix = f"{api}_{io}."
         for i, v in enumerate(items):
             tv = type(v)
@@ -670,17 +742,15 @@ class DumpSink(Sink):
                 spec = self._nested(prefix, (i,), v, ctx, lines, spec, fresh)
                 continue
             if isinstance(v, _Tensor):
+                n0 = len(lines)
                 try:
-                    if filt and filtered_out(v):
-                        continue
-                    st = stats(v)
-                    key = prefix + str(i)
-                    # a file saved earlier is reused only for data the cache vouches for
-                    npy = self._save(key, v, cache.last_hit) if save else None
-                    lines.append(record_line(key, st, v.requires_grad, ctx, npy, spec))
+                    self._tensor(prefix + str(i), v, ctx, lines, spec, fresh)
                 except Exception as e:
+                    del lines[n0:]
                     report_internal_error(f"record {prefix}{i}", e, self)
                     continue
+                if len(lines) == n0:
+                    continue  # filtered out
             else:
                 if filt or tv is bool:  # flags (inplace=False, ...) live in the call spec only
                     continue
@@ -693,17 +763,14 @@ class DumpSink(Sink):
 
     def _nested(self, prefix: str, base: Tuple[int, ...], value: Any, ctx: str, lines: list,
                 spec: Any, fresh: bool) -> Any:
-        cache = self.cache
-        stats = cache.fresh if fresh else cache.stats
         for idx, v in iter_tensors(value, base):
             key = prefix + ".".join([str(i) for i in idx])
+            n0 = len(lines)
             try:
                 if isinstance(v, _Tensor):
-                    if self.filter_on and filtered_out(v):
+                    self._tensor(key, v, ctx, lines, spec, fresh)
+                    if len(lines) == n0:
                         continue
-                    st = stats(v)
-                    npy = self._save(key, v, cache.last_hit) if self.save_data else None
-                    lines.append(record_line(key, st, v.requires_grad, ctx, npy, spec))
                 else:
                     if self.filter_on or type(v) is bool:
                         continue
@@ -712,6 +779,7 @@ class DumpSink(Sink):
                         continue
                     lines.append(record_line(key, st, None, ctx, None, spec))
             except Exception as e:
+                del lines[n0:]
                 report_internal_error(f"record {key}", e, self)
                 continue
             spec = None
@@ -784,7 +852,8 @@ class DumpSink(Sink):
         if lines:
             self._pending += lines
             self.apis_forward += 1
-            self._write_pending()  # an API's forward lines reach the disk when it returns
+            if fresh or len(self._pending) >= QUEUE_MAX or self._snap_elems >= SNAP_MAX_ELEMS:
+                self._write_pending()
         if bwd:
             call.state[self] = _BWD_ONLY
         else:
@@ -794,45 +863,88 @@ class DumpSink(Sink):
         """The call's kernel may have written its inputs without a version bump: their cached
         statistics (and files saved for them, which the cache vouches for) are stale."""
         items = list(call.args) + list(call.kwargs.values()) if call.kwargs else call.args
+        slots = self._slots
         for _, v in iter_tensors(items):
             if isinstance(v, _Tensor):
                 self.cache.forget(v)
+                if slots:
+                    try:
+                        h = slots.pop(self.cache.data_key(v), None)
+                    except Exception:  # pragma: no cover - a tensor kind without data_ptr
+                        h = None
+                    if h is not None:
+                        h[3] = None  # its statistics are true for its record, never reused
 
     def on_backward(self, call: ApiCall, io: str, index: Tuple[int, ...], grad: Any) -> None:
         st = call.state.get(self)
         if st is None or not st[1] or not self._keep_bwd[io]:
             return
-        if self.filter_on and filtered_out(grad):
-            return
         api = call.backward_key
         key = f"{api}_{io}.{index[0]}" if len(index) == 1 else records.tensor_key(api, io, index)
+        lines: list = []
         try:
+            leaf = None
             if io == "output":
                 leaf = call.input_at(index)
-                s = self.cache.grad_stats(grad, leaf if leaf is not None and getattr(leaf, "is_leaf", False) else None)
-            else:
-                s = self.cache.stats(grad)
-            npy = self._save(key, grad, self.cache.last_hit) if self.save_data else None
-            line = record_line(key, s, None, call.ctx, npy, None)
+                if leaf is not None and not getattr(leaf, "is_leaf", False):
+                    leaf = None
+            self._tensor(key, grad, call.ctx, lines, None, False, leaf)
         except Exception as e:
             report_internal_error(f"record {key}", e, self)
             return
+        if not lines:
+            return  # filtered out
         seq = call.seq
         if seq not in self._bw_started:
             self._bw_started.add(seq)
             self.apis_backward += 1
             if self.with_stack and call._stack is not None:
-                line += self._stack_line(api, call._stack)
+                lines.append(self._stack_line(api, call._stack))
         pending = self._pending
-        pending.append(line)
-        if len(pending) >= _PENDING_MAX:
+        pending += lines
+        if len(pending) >= QUEUE_MAX or self._snap_elems >= SNAP_MAX_ELEMS:
             self._write_pending()
 
+    def _measure(self) -> None:
+        """Statistics of every waiting snapshot, in one batch; the cache learns those it may reuse."""
+        snaps, self._snaps = self._snaps, []
+        self._snap_elems = 0
+        self._slots = {}
+        if not snaps:
+            return
+        try:
+            res = batch_stats([h[0] for h in snaps], [h[1] for h in snaps], [h[2] for h in snaps])
+        except Exception as e:  # noqa: BLE001 - one by one instead (tensor_stats never raises)
+            report_internal_error("batch statistics", e)
+            res = [tensor_stats(h[0]) for h in snaps]
+        cache = self.cache
+        for h, st in zip(snaps, res):
+            h[6] = st
+            h[0] = None  # the snapshot's memory goes
+            if h[3] is not None:
+                try:
+                    cache.put(h[3], h[4], h[5], st)
+                except TypeError:  # pragma: no cover
+                    pass
+
     def _write_pending(self) -> None:
-        if self._pending:
-            text = "".join(self._pending)
+        if self._snaps:
+            self._measure()
+        pending = self._pending
+        if pending:
             self._pending = []
-            self.writer.write(text)
+            out = []
+            for e in pending:
+                if type(e) is str:
+                    out.append(e)
+                    continue
+                try:
+                    h = e[1]
+                    out.append(record_line(e[0], h[6] if type(h) is list else h, e[2], e[3], e[4], e[5]))
+                except Exception as exc:  # noqa: BLE001 - a snapshot measured nowhere: drop it
+                    report_internal_error(f"record {e[0]}", exc, self)
+            self.writer.write("".join(out))
+        self._recent.clear()
 
     def _stack_line(self, api: str, frames: list) -> str:
         """The stack record line; the frames' JSON is cached (``extract_stack`` shares lists)."""
