@@ -369,6 +369,9 @@ class RankWriter:
 
 #: full-tensor dumps: at most this many bytes of tensor copies wait for the I/O thread
 ASYNC_LIMIT_BYTES = 256 << 20
+#: file operations are handed to the I/O thread in batches of this many, or this many bytes
+IO_BATCH = 256
+IO_BATCH_BYTES = 8 << 20
 
 
 def _data_key(t: torch.Tensor) -> Any:
@@ -426,6 +429,8 @@ class AsyncRankWriter(RankWriter):
         self._pending = 0
         self._wfd: Optional[int] = None
         self._recent: Any = collections.deque(maxlen=4)
+        self._batch: list = []  # file operations not yet handed to the I/O thread
+        self._batch_bytes = 0
 
     def _make_async(self) -> None:
         self._wfd = self._make()
@@ -434,6 +439,7 @@ class AsyncRankWriter(RankWriter):
         if not self._active:
             self._active = True
             self._submit(0, self._make_async, self.rank_dir)
+            self._send()  # the directory is prepared while the step goes on
 
     def _run(self, fn: Any, path: Optional[str], *args: Any) -> None:
         """One task on the I/O thread: skipped after a failure, never raises."""
@@ -445,12 +451,31 @@ class AsyncRankWriter(RankWriter):
             self._fail(e, path)
 
     def _submit(self, nbytes: int, fn: Any, path: Optional[str], *args: Any) -> None:
-        try:
-            self._tasks.append((_background().submit(self._run, fn, path, *args), nbytes))
-        except RuntimeError:  # interpreter shutdown (the thread is gone, its queue done): here
+        """Queue one file operation; they go to the I/O thread in batches (one hand-over per
+        :data:`IO_BATCH` operations or :data:`IO_BATCH_BYTES` bytes, and at every ``.pkl`` write)."""
+        self._batch.append((fn, path, args))
+        self._batch_bytes += nbytes
+        if len(self._batch) >= IO_BATCH or self._batch_bytes >= IO_BATCH_BYTES:
+            self._send()
+
+    def _run_batch(self, batch: list) -> None:
+        for fn, path, args in batch:
             self._run(fn, path, *args)
-            nbytes = 0
-        self._pending += nbytes
+
+    def _send(self) -> None:
+        """Hand the queued operations to the I/O thread (in order); wait while too many bytes of
+        snapshots are on their way."""
+        batch = self._batch
+        nbytes = self._batch_bytes
+        if batch:
+            self._batch = []
+            self._batch_bytes = 0
+            try:
+                self._tasks.append((_background().submit(self._run_batch, batch), nbytes))
+            except RuntimeError:  # interpreter shutdown (the thread is gone, its queue done): here
+                self._run_batch(batch)
+                nbytes = 0
+            self._pending += nbytes
         tasks = self._tasks
         while tasks and (tasks[0][0].done() or self._pending > ASYNC_LIMIT_BYTES):
             fut, nb = tasks.popleft()
@@ -467,6 +492,7 @@ class AsyncRankWriter(RankWriter):
             return
         self._activate()
         self._submit(len(text), self._write_task, self.pkl_path, text.encode("utf-8"))
+        self._send()
 
     def save(self, key: str, t: torch.Tensor, link: bool = True) -> str:
         name = records.data_file_name(key)
@@ -500,6 +526,7 @@ class AsyncRankWriter(RankWriter):
         return name
 
     def _wait(self) -> None:
+        self._send()
         tasks = self._tasks
         while tasks:
             fut, nb = tasks.popleft()
