@@ -91,9 +91,16 @@ def _classify(func: Any) -> Any:
 class CaptureEngine:
     """Starts/stops capture and routes each call to the sinks.
 
+    ``node_taps`` (class default True): where a call's input gradients are produced by autograd
+    nodes of the call itself, one edge per input (learned per call signature from a first call
+    made with aliases), they are read from post hooks on those nodes instead of aliases: the
+    same records, without a ``view_as`` and two hooks per input. False: aliases always.
+
     ``sinks`` is a list of objects following ``sink.py``'s protocol; it may be replaced between
     steps. Call counters (the ``k`` of API names) live here: :meth:`reset_step` zeroes them.
     """
+
+    node_taps = True
 
     def __init__(self, sinks: Optional[list] = None) -> None:
         self.sinks: list = list(sinks or [])
@@ -262,18 +269,20 @@ class CaptureEngine:
                 except Exception as e:
                     report_internal_error(f"{type(s).__name__}.end_call {call.forward_key}", e, s)
             if bw and _grad_enabled():
-                try:
-                    self._tap_outputs_of(call, bw, out, same)
-                except Exception as e:
-                    for s in bw:
-                        report_internal_error(f"capture backward tap {call.forward_key}", e, s)
+                done = False
                 if plan is not None:
                     try:
-                        self._after_plan(call, bw, out, plan, aliases)
+                        done = self._after_plan(call, bw, out, plan, aliases, same)
                     except Exception as e:
                         self._node_ok[plan[1]] = False
                         for s in bw:
                             report_internal_error(f"capture node taps {call.forward_key}", e, s)
+                if not done:
+                    try:
+                        self._tap_outputs_of(call, bw, out, same)
+                    except Exception as e:
+                        for s in bw:
+                            report_internal_error(f"capture backward tap {call.forward_key}", e, s)
         finally:
             self.busy = False
             try:
@@ -330,7 +339,7 @@ class CaptureEngine:
                     if not inputs:
                         return call, wanted, bw, args, kwargs, aliases, None  # nothing requires grad
                     key = (func, len(args), tuple(kwargs) if kwargs else (), tuple([(i, t.dim()) for i, t in inputs]))
-                    ok = self._node_ok.get(key)
+                    ok = self._node_ok.get(key) if self.node_taps else False
                     if ok:
                         return call, wanted, bw, args, kwargs, aliases, (True, key, inputs)
                     if ok is None:
@@ -353,14 +362,15 @@ class CaptureEngine:
                 plan = None
         return call, wanted, bw, args, kwargs, aliases, plan
 
-    def _after_plan(self, call: ApiCall, sinks: list, out: Any, plan: tuple, aliases: list) -> None:
-        """Node taps (``plan[0]``): hook the autograd nodes that produce each input's gradient;
-        or learn (from this call's aliases) whether such taps cover the call's inputs."""
+    def _after_plan(self, call: ApiCall, sinks: list, out: Any, plan: tuple, aliases: list, same: set) -> bool:
+        """Node taps (``plan[0]``): hook the autograd nodes that produce each input's gradient,
+        and the output's own node for the gradient arriving at it (True: the output is tapped
+        too); or learn (from this call's aliases) whether such taps cover the call's inputs."""
         use, key, inputs = plan
         gf = out.grad_fn if type(out) is _Tensor else None
         if not use:
             ok = False
-            if gf is not None and aliases and len(aliases) == len(inputs):
+            if gf is not None and aliases and len(aliases) == len(inputs) and not same:
                 targets = {}
                 for idx, a, o in aliases:
                     agf = a.grad_fn
@@ -372,9 +382,19 @@ class CaptureEngine:
                     ok = found is not None and len(found) == len(aliases)
             if len(self._node_ok) < 20000:
                 self._node_ok[key] = ok
-            return
+            return False
+        for _, t in inputs:
+            if t is out:
+                same.add(id(out))  # an input given back unchanged: no taps, as with aliases
+                return False
+        if type(out) is not _Tensor:
+            self._node_ok[key] = False  # aliases from the next call on
+            for s in sinks:
+                report_internal_error(f"capture node taps {call.forward_key}",
+                                      RuntimeError("an API that returned one tensor returned another kind"), s)
+            return False
         if gf is None or not out.requires_grad:
-            return  # the output carries no gradient: there is none to record
+            return False  # the output carries no gradient: there is none to record
         nonleaf: Dict[Tuple[int, int], Tuple[int, ...]] = {}
         leaves: Dict[int, Tuple[int, ...]] = {}
         for idx, t in inputs:
@@ -383,7 +403,7 @@ class CaptureEngine:
                 leaves[id(t)] = idx
             else:
                 if tgf is gf:
-                    return  # an input given back (or a view of its node): no taps, as with aliases
+                    return False  # a view of an input's own node: no input taps, as with aliases
                 nonleaf[(id(tgf), t.output_nr)] = idx
         found = _walk(gf, nonleaf, leaves, len(inputs))
         if found is None or len(found) != len(inputs):
@@ -391,24 +411,40 @@ class CaptureEngine:
             for s in sinks:
                 report_internal_error(f"capture node taps {call.forward_key}",
                                       RuntimeError("input gradients not found in the API's autograd nodes"), s)
-            return
+            return False
         by_node: Dict[int, list] = {}
         nodes: Dict[int, Any] = {}
         for idx, (node, slot) in found.items():
             k = id(node)
             nodes[k] = node
             by_node.setdefault(k, []).append((slot, idx))
+        top = by_node.pop(id(gf), [])
+        top.sort(key=lambda e: e[1])
+        gf.register_hook(self._make_node_hook(call, sinks, top, out.output_nr))
         for k, slots in by_node.items():
             slots.sort(key=lambda e: e[1])
-            nodes[k].register_hook(self._make_node_hook(call, sinks, slots))
+            nodes[k].register_hook(self._make_node_hook(call, sinks, slots, -1))
+        return True
 
-    def _make_node_hook(self, call: ApiCall, sinks: list, slots: list) -> Callable:
+    def _make_node_hook(self, call: ApiCall, sinks: list, slots: list, out_nr: int) -> Callable:
+        """A post hook of an autograd node: the gradient arriving at output ``out_nr`` (when not
+        -1: ``backward_input.0``), then the gradients it produced at ``slots`` (``backward_output``)."""
         engine = self
 
         def hook(grad_inputs, grad_outputs):
             prev = engine.busy
             engine.busy = True
             try:
+                if out_nr >= 0:
+                    g = grad_outputs[out_nr] if out_nr < len(grad_outputs) else None
+                    if g is not None:
+                        for s in sinks:
+                            try:
+                                s.on_backward(call, "input", (0,), g)
+                            except SinkStop:
+                                raise
+                            except Exception as e:
+                                report_internal_error(f"{type(s).__name__}.on_backward {call.backward_key}", e, s)
                 for slot, idx in slots:
                     g = grad_inputs[slot]
                     if g is None:
