@@ -190,6 +190,7 @@ class RankWriter:
         self.failure: Optional[str] = None
         self._active = False  # the rank directory is (being) replaced: this step writes into it
         self._reported = False
+        self._manifest_state: Any = None  # (lines, failure) the manifest on disk says
 
     # -- failures ---------------------------------------------------------------------------
     def _fail(self, exc: BaseException, path: Optional[str] = None) -> None:
@@ -288,8 +289,13 @@ class RankWriter:
     def _write_manifest(self) -> None:
         if not self._active:
             return
+        state = (self.lines, self.failure)
+        if state == self._manifest_state:
+            self._report()
+            return  # the manifest on disk says this already (stop() then step())
         try:
             manifest.write_manifest(self.pkl_path, self.lines, self.failure is None, self.failure)
+            self._manifest_state = state
         except Exception as e:  # noqa: BLE001 - a missing manifest already makes compare fail
             self._fail(e, manifest.manifest_path(self.pkl_path))
         self._report()
