@@ -5,11 +5,10 @@ rank directory atomically*: the old directory is renamed aside (``rank0.old-<pid
 one is created, then the old one is deleted, so a dump never mixes files of two runs, and a step
 this run never records is never touched. This runs on a background thread (directory creation is
 slow on some filesystems); lines produced meanwhile wait in memory.
-Lines go out whole through one ``os.write`` on an ``O_APPEND`` descriptor: an API's forward lines
-(with any gradient lines waiting) when the API returns, gradient lines in batches of at most 16
-otherwise, and everything before every ``Distributed``/``NPU`` call (a hang in a collective leaves
-what came before it on disk) and at ``stop()``/``step()``. A SIGKILL leaves complete lines and loses
-at most the last few gradient lines.
+Lines go out whole through one ``os.write`` on an ``O_APPEND`` descriptor, in batches (see
+:class:`DumpSink`: every :data:`QUEUE_MAX` records, before every ``Distributed``/``NPU`` call, so a
+hang in a collective leaves what came before it on disk, and at ``stop()``/``step()``). A SIGKILL
+leaves complete lines and loses at most the batch in memory.
 Full-tensor dumps use :class:`AsyncRankWriter`: tensor snapshots and lines are written in order
 by one I/O thread, so every line on disk names ``.npy`` files that exist and are whole.
 At every ``stop()`` and at the end of the step, once all of it is on disk, the writer writes the
