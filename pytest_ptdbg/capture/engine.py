@@ -429,38 +429,7 @@ class CaptureEngine:
     def _make_node_hook(self, call: ApiCall, sinks: list, slots: list, out_nr: int) -> Callable:
         """A post hook of an autograd node: the gradient arriving at output ``out_nr`` (when not
         -1: ``backward_input.0``), then the gradients it produced at ``slots`` (``backward_output``)."""
-        engine = self
-
-        def hook(grad_inputs, grad_outputs):
-            prev = engine.busy
-            engine.busy = True
-            try:
-                if out_nr >= 0:
-                    g = grad_outputs[out_nr] if out_nr < len(grad_outputs) else None
-                    if g is not None:
-                        for s in sinks:
-                            try:
-                                s.on_backward(call, "input", (0,), g)
-                            except SinkStop:
-                                raise
-                            except Exception as e:
-                                report_internal_error(f"{type(s).__name__}.on_backward {call.backward_key}", e, s)
-                for slot, idx in slots:
-                    g = grad_inputs[slot]
-                    if g is None:
-                        continue
-                    for s in sinks:
-                        try:
-                            s.on_backward(call, "output", idx, g)
-                        except SinkStop:
-                            raise
-                        except Exception as e:
-                            report_internal_error(f"{type(s).__name__}.on_backward {call.backward_key}", e, s)
-            finally:
-                engine.busy = prev
-            return None
-
-        return hook
+        return _NodeHook(self, call, sinks, slots, out_nr)
 
     # -- backward ------------------------------------------------------------------------------
     def _tap_outputs_of(self, call: ApiCall, sinks: list, out: Any, same: set) -> None:
@@ -479,26 +448,74 @@ class CaptureEngine:
                 _register_hook(t, self._make_hook(call, sinks, "input", idx))
 
     def _make_hook(self, call: ApiCall, sinks: list, io: str, idx: Tuple[int, ...]) -> Callable:
-        engine = self
+        return _TensorHook(self, call, sinks, io, idx)
 
-        def hook(grad):
-            if grad is None:
-                return None
-            prev = engine.busy
-            engine.busy = True
-            try:
-                for s in sinks:
-                    try:
-                        s.on_backward(call, io, idx, grad)
-                    except SinkStop:
-                        raise
-                    except Exception as e:
-                        report_internal_error(f"{type(s).__name__}.on_backward {call.backward_key}", e, s)
-            finally:
-                engine.busy = prev
+
+def _deliver(engine: "CaptureEngine", call: ApiCall, sinks: list, io: str, idx: Tuple[int, ...], grad: Any) -> None:
+    for s in sinks:
+        try:
+            s.on_backward(call, io, idx, grad)
+        except SinkStop:
+            raise
+        except Exception as e:
+            report_internal_error(f"{type(s).__name__}.on_backward {call.backward_key}", e, s)
+
+
+class _TensorHook:
+    """A tensor's gradient hook: the gradient at this tensor goes to the sinks as ``(io, idx)``.
+    (An object with slots, not a closure: fewer objects for the garbage collector to track.)"""
+
+    __slots__ = ("engine", "call", "sinks", "io", "idx")
+
+    def __init__(self, engine: "CaptureEngine", call: ApiCall, sinks: list, io: str, idx: Tuple[int, ...]) -> None:
+        self.engine = engine
+        self.call = call
+        self.sinks = sinks
+        self.io = io
+        self.idx = idx
+
+    def __call__(self, grad: Any) -> None:
+        if grad is None:
             return None
+        engine = self.engine
+        prev = engine.busy
+        engine.busy = True
+        try:
+            _deliver(engine, self.call, self.sinks, self.io, self.idx, grad)
+        finally:
+            engine.busy = prev
+        return None
 
-        return hook
+
+class _NodeHook:
+    """A post hook of an autograd node (see ``CaptureEngine._make_node_hook``)."""
+
+    __slots__ = ("engine", "call", "sinks", "slots", "out_nr")
+
+    def __init__(self, engine: "CaptureEngine", call: ApiCall, sinks: list, slots: list, out_nr: int) -> None:
+        self.engine = engine
+        self.call = call
+        self.sinks = sinks
+        self.slots = slots
+        self.out_nr = out_nr
+
+    def __call__(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        engine = self.engine
+        prev = engine.busy
+        engine.busy = True
+        try:
+            call, sinks, out_nr = self.call, self.sinks, self.out_nr
+            if out_nr >= 0:
+                g = grad_outputs[out_nr] if out_nr < len(grad_outputs) else None
+                if g is not None:
+                    _deliver(engine, call, sinks, "input", (0,), g)
+            for slot, idx in self.slots:
+                g = grad_inputs[slot]
+                if g is not None:
+                    _deliver(engine, call, sinks, "output", idx, g)
+        finally:
+            engine.busy = prev
+        return None
 
 
 def _register_hook(t: Any, hook: Callable) -> None:

@@ -374,6 +374,19 @@ class RankWriter:
 
 #: full-tensor dumps: at most this many bytes of tensor copies wait for the I/O thread
 ASYNC_LIMIT_BYTES = 256 << 20
+#: tensors of at least this many bytes are written by the caller's thread from their own memory
+SYNC_WRITE_BYTES = 1 << 20
+
+
+class _Done:
+    """A future that is already done."""
+
+    @staticmethod
+    def result() -> None:
+        return None
+
+
+_DONE = _Done()
 #: file operations are handed to the I/O thread in batches of this many, or this many bytes
 IO_BATCH = 256
 IO_BATCH_BYTES = 8 << 20
@@ -420,7 +433,8 @@ class AsyncRankWriter(RankWriter):
     """Full-tensor dumps: every file operation runs, in order, on the process's one I/O thread.
 
     ``save`` hands over a copy of the tensor (so later in-place changes cannot leak into the file)
-    and returns at once; ``.pkl`` lines are queued behind the ``.npy`` files they name, so what is
+    and returns at once (a tensor of :data:`SYNC_WRITE_BYTES` or more is written at once instead,
+    from its own memory, by the caller's thread: one copy of its bytes instead of two); ``.pkl`` lines are queued behind the ``.npy`` files they name, so what is
     on disk is always consistent: complete lines, each naming files that exist and are whole. A
     SIGKILL loses only what was still queued. At most :data:`ASYNC_LIMIT_BYTES` of copies wait;
     beyond that ``save`` waits for the thread. ``flush``/``close`` wait for everything.
@@ -436,6 +450,7 @@ class AsyncRankWriter(RankWriter):
         self._recent: Any = collections.deque(maxlen=4)
         self._batch: list = []  # file operations not yet handed to the I/O thread
         self._batch_bytes = 0
+        self._made: Any = _DONE  # the future of the directory's preparation
 
     def _make_async(self) -> None:
         self._wfd = self._make()
@@ -445,6 +460,7 @@ class AsyncRankWriter(RankWriter):
             self._active = True
             self._submit(0, self._make_async, self.rank_dir)
             self._send()  # the directory is prepared while the step goes on
+            self._made = self._tasks[-1][0] if self._tasks else _DONE
 
     def _run(self, fn: Any, path: Optional[str], *args: Any) -> None:
         """One task on the I/O thread: skipped after a failure, never raises."""
@@ -513,14 +529,25 @@ class AsyncRankWriter(RankWriter):
                 self._submit(0, _link_or_copy, path, e[2], path)
                 return name
             arr = tensor_to_numpy(t)
-            if t.device.type == "cpu" and arr.size and arr.__array_interface__["data"][0] == t.data_ptr():
+            if arr.nbytes >= SYNC_WRITE_BYTES:
+                # a large tensor is written here and now, straight from its memory: one copy
+                # (into the page cache) instead of a snapshot copy and a write of the copy
+                self._made.result()  # the directory (its errors are the I/O thread's: failure)
+                if self.failure is not None:
+                    return name
+                _write_npy_array(path, arr)
+                arr = None
+            elif t.device.type == "cpu" and arr.size and arr.__array_interface__["data"][0] == t.data_ptr():
                 arr = arr.copy()  # a snapshot: the tensor may change before the thread writes it
         except Exception as exc:  # noqa: BLE001 - never into the user's step
             self._fail(exc, path)
             self._report()
             return name
-        self.npy_bytes += arr.nbytes
-        self._submit(arr.nbytes, _write_npy_array, path, path, arr)
+        if arr is None:
+            self.npy_bytes += t.numel() * (4 if t.dtype == torch.bfloat16 else t.element_size())
+        else:
+            self.npy_bytes += arr.nbytes
+            self._submit(arr.nbytes, _write_npy_array, path, path, arr)
         if len(self._saved) > 4096:
             self._saved.clear()
         try:
