@@ -118,12 +118,14 @@ class CaptureEngine:
         #: (func, #args, kwargs names, (index, ndim) of inputs requiring grad) -> whether the
         #: gradients of the inputs can be tapped on the API's own autograd nodes (no aliases)
         self._node_ok: Dict[Any, bool] = {}
+        self._bw_of: Any = None  # (sinks list, its sinks that want backward)
 
     # -- start / stop ------------------------------------------------------------------------
     def start(self) -> None:
         if self.started:
             return
         names.build_table()
+        self._bw_of = None
         self._thread = threading.get_ident()
         self._mode = _Mode(self)
         self._mode.__enter__()
@@ -328,7 +330,13 @@ class CaptureEngine:
         if not wanted:
             call.release()
             return None
-        bw = [s for s in wanted if getattr(s, "wants_backward", True)]
+        if len(wanted) == len(sinks):  # every sink (the usual case): one shared list per sinks list
+            cached = self._bw_of
+            if cached is None or cached[0] is not sinks:
+                cached = self._bw_of = (sinks, [s for s in sinks if getattr(s, "wants_backward", True)])
+            bw = cached[1]
+        else:
+            bw = [s for s in wanted if getattr(s, "wants_backward", True)]
         aliases: list = []
         plan = None
         if bw and _grad_enabled() and api_type != "Distributed" and not (kwargs and "out" in kwargs) \
