@@ -1,10 +1,15 @@
 """Dump overhead: step time plain vs. under PrecisionDebugger (statistics only, full tensors).
 
-    python benchmarks/bench_dump.py [--reps 7] [--models mlp,transformer] [--out DIR] [--cpu]
+    python benchmarks/bench_dump.py [--reps 7] [--models loop,gpt2_tiny,gpt2_4l,mlp,transformer] [--out DIR] [--cpu]
 
-Workloads (issue 2): (a) MLP, 3 x Linear 512, batch 64, SGD; (b) nn.TransformerEncoder, d_model
-256, 4 heads, 4 layers, batch 8, seq 128, AdamW. One training step = zero_grad, forward, loss,
-backward, optimizer step, with a persistent optimizer (steady state). torch.set_num_threads(1);
+Workloads (issues 2 and 12): ``loop``, the per-call loop: 2000 x ``tanh(x) * 1.01`` on a
+64-element tensor plus its backward (4001 API calls); ``gpt2_tiny``: GPT-2 from a ``transformers``
+config (its dropout), 2 layers, d 128, 4 heads, a 1000-token vocabulary, batch 4 x 64, AdamW: a
+step of tens of milliseconds, as issue 12's tiny models (without ``transformers``: the example
+TinyGPT); ``gpt2_4l``: 4 layers, d 256, GPT-2's own vocabulary (50257), batch 8 x 128; ``mlp``: 3 x Linear 512,
+batch 64, SGD; ``transformer``: nn.TransformerEncoder, d_model 256, 4 heads, 4 layers, batch 8,
+seq 128, AdamW. One training step = zero_grad, forward, loss, backward, optimizer step, with a
+persistent optimizer (steady state); the loop has no optimizer. torch.set_num_threads(1);
 the variants are interleaved rep by rep and the median step time of each is reported, with the
 ratio to plain measured in the same run. Each variant trains its own copy of the model (same
 seed, so the same numbers and the same work), so that a debugged step follows a debugged step as in
@@ -37,11 +42,69 @@ import torch  # noqa: E402
 import example_models as em  # noqa: E402
 from pytest_ptdbg import PrecisionDebugger  # noqa: E402
 
-TARGETS = {("transformer", "stats"): 1.25, ("mlp", "stats"): 1.6, ("transformer", "full"): 3.0}
+#: issue 12's goals (ratio to the plain step, same run)
+TARGETS = {
+    ("loop", "stats"): 2.35,
+    ("gpt2_tiny", "stats"): 1.5, ("gpt2_tiny", "full"): 4.0,
+    ("gpt2_4l", "stats"): 1.1, ("gpt2_4l", "full"): 1.8,
+    ("transformer", "stats"): 1.1, ("transformer", "full"): 1.8,
+    ("mlp", "stats"): 1.3, ("mlp", "full"): 2.5,
+}
+MODELS = "loop,gpt2_tiny,gpt2_4l,mlp,transformer"
+
+
+def _loop_workload():
+    torch.manual_seed(0)
+    x = torch.randn(64, requires_grad=True)
+
+    def step() -> None:
+        h = x
+        for _ in range(2000):
+            h = torch.tanh(h) * 1.01
+        h.sum().backward()
+        x.grad = None
+
+    return step
+
+
+def _gpt2(layers: int, d: int, batch: int, seq: int, vocab: int):
+    """A GPT-2 training step from a ``transformers`` config (the example TinyGPT without it)."""
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel  # type: ignore
+    except Exception:  # transformers missing: an equivalent example model
+        model, data = em.tiny_gpt(seed=0, batch_size=batch, seq_len=seq)
+        model.train()
+        opt = em.make_optimizer(model)
+
+        def step_tiny() -> None:
+            opt.zero_grad(set_to_none=True)
+            em.forward_step(model, data)
+            opt.step()
+
+        return step_tiny
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=layers, n_embd=d, n_head=4, vocab_size=vocab)
+    model = GPT2LMHeadModel(cfg)
+    model.train()
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+
+    return step
 
 
 def make_workload(name: str):
     """``(step_fn)``: one training step of the named benchmark model with its own optimizer."""
+    if name == "loop":
+        return _loop_workload()
+    if name == "gpt2_tiny":
+        return _gpt2(2, 128, 4, 64, 1000)
+    if name == "gpt2_4l":
+        return _gpt2(4, 256, 8, 128, 50257)
     factory = {"mlp": em.bench_mlp, "transformer": em.bench_transformer}[name]
     model, batch = factory(seed=0)
     model.train()
@@ -166,7 +229,7 @@ def bench(name: str, reps: int, out_root: str, with_full: bool, shared_model: bo
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=7, help="timed repetitions per variant (median)")
-    ap.add_argument("--models", default="mlp,transformer")
+    ap.add_argument("--models", default=MODELS)
     ap.add_argument("--out", default=None, help="scratch directory for dumps (default: a temp dir)")
     ap.add_argument("--cpu", action="store_true", help="time the main thread's CPU time instead of wall time")
     ap.add_argument("--shared-model", action="store_true",
@@ -181,6 +244,7 @@ def main(argv=None) -> int:
           f"clock={'main-thread CPU' if args.cpu else 'wall'}, "
           f"models={'shared' if args.shared_model else 'one per variant'}, scratch={out_root}")
     ok = True
+    rows: list = []
     try:
         for name in args.models.split(","):
             med = bench(name, args.reps, out_root, with_full=True, shared_model=args.shared_model)
@@ -192,12 +256,17 @@ def main(argv=None) -> int:
                 ratio = v / base
                 tgt = TARGETS.get((name, k))
                 flag = "" if tgt is None else (f"  (target <= {tgt}x: {'met' if ratio <= tgt else 'MISSED'})")
+                rows.append((name, base, k, v, ratio, tgt))
                 if tgt is not None and ratio > tgt:
                     ok = False
                 print(f"  {k:14s} {v * 1e3:8.1f} ms/step  {ratio:5.2f}x{flag}")
     finally:
         if args.out is None:
             shutil.rmtree(out_root, ignore_errors=True)
+    print("\n| workload | plain step | variant | step | ratio | goal |\n|---|---|---|---|---|---|")
+    for name, base, k, v, ratio, tgt in rows:
+        print(f"| {name} | {base * 1e3:.1f} ms | {k} | {v * 1e3:.1f} ms | {ratio:.2f}x | "
+              f"{'' if tgt is None else ('<= %sx %s' % (tgt, 'met' if ratio <= tgt else 'missed'))} |")
     return 0 if ok else 1
 
 

@@ -91,9 +91,16 @@ def _classify(func: Any) -> Any:
 class CaptureEngine:
     """Starts/stops capture and routes each call to the sinks.
 
+    ``node_taps`` (class default True): where a call's input gradients are produced by autograd
+    nodes of the call itself, one edge per input (learned per call signature from a first call
+    made with aliases), they are read from post hooks on those nodes instead of aliases: the
+    same records, without a ``view_as`` and two hooks per input. False: aliases always.
+
     ``sinks`` is a list of objects following ``sink.py``'s protocol; it may be replaced between
     steps. Call counters (the ``k`` of API names) live here: :meth:`reset_step` zeroes them.
     """
+
+    node_taps = True
 
     def __init__(self, sinks: Optional[list] = None) -> None:
         self.sinks: list = list(sinks or [])
@@ -108,12 +115,17 @@ class CaptureEngine:
         self._patched: List[Tuple[Any, str, Any]] = []
         self._wrappers: Optional[List[Tuple[Any, str, Any, Any]]] = None  # built at first start
         self._thread: Optional[int] = None
+        #: (func, #args, kwargs names, (index, ndim) of inputs requiring grad) -> whether the
+        #: gradients of the inputs can be tapped on the API's own autograd nodes (no aliases)
+        self._node_ok: Dict[Any, bool] = {}
+        self._bw_of: Any = None  # (sinks list, its sinks that want backward)
 
     # -- start / stop ------------------------------------------------------------------------
     def start(self) -> None:
         if self.started:
             return
         names.build_table()
+        self._bw_of = None
         self._thread = threading.get_ident()
         self._mode = _Mode(self)
         self._mode.__enter__()
@@ -230,7 +242,7 @@ class CaptureEngine:
                 finally:
                     self.depth -= 1
             return func(*args, **kwargs)
-        call, wanted, bw, cargs, ckwargs, aliases = prep
+        call, wanted, bw, cargs, ckwargs, aliases, plan = prep
         if wrapped:
             self.depth += 1
             try:
@@ -259,11 +271,20 @@ class CaptureEngine:
                 except Exception as e:
                     report_internal_error(f"{type(s).__name__}.end_call {call.forward_key}", e, s)
             if bw and _grad_enabled():
-                try:
-                    self._tap_outputs_of(call, bw, out, same)
-                except Exception as e:
-                    for s in bw:
-                        report_internal_error(f"capture backward tap {call.forward_key}", e, s)
+                done = False
+                if plan is not None:
+                    try:
+                        done = self._after_plan(call, bw, out, plan, aliases, same)
+                    except Exception as e:
+                        self._node_ok[plan[1]] = False
+                        for s in bw:
+                            report_internal_error(f"capture node taps {call.forward_key}", e, s)
+                if not done:
+                    try:
+                        self._tap_outputs_of(call, bw, out, same)
+                    except Exception as e:
+                        for s in bw:
+                            report_internal_error(f"capture backward tap {call.forward_key}", e, s)
         finally:
             self.busy = False
             try:
@@ -309,10 +330,31 @@ class CaptureEngine:
         if not wanted:
             call.release()
             return None
-        bw = [s for s in wanted if getattr(s, "wants_backward", True)]
+        if len(wanted) == len(sinks):  # every sink (the usual case): one shared list per sinks list
+            cached = self._bw_of
+            if cached is None or cached[0] is not sinks:
+                cached = self._bw_of = (sinks, [s for s in sinks if getattr(s, "wants_backward", True)])
+            bw = cached[1]
+        else:
+            bw = [s for s in wanted if getattr(s, "wants_backward", True)]
         aliases: list = []
+        plan = None
         if bw and _grad_enabled() and api_type != "Distributed" and not (kwargs and "out" in kwargs) \
                 and not (name in _SPARSE_GRAD_APIS and _any_true(args, kwargs)):
+            try:
+                inputs = None if inplace else _node_inputs(args, kwargs)
+                if inputs is not None:
+                    if not inputs:
+                        return call, wanted, bw, args, kwargs, aliases, None  # nothing requires grad
+                    key = (func, len(args), tuple(kwargs) if kwargs else (), tuple([(i, t.dim()) for i, t in inputs]))
+                    ok = self._node_ok.get(key) if self.node_taps else False
+                    if ok:
+                        return call, wanted, bw, args, kwargs, aliases, (True, key, inputs)
+                    if ok is None:
+                        plan = (False, key, inputs)  # learn, from this call's aliases, whether nodes suffice
+            except Exception as e:  # pragma: no cover - plain attribute reads
+                report_internal_error(f"capture plan {call.forward_key}", e)
+                plan = None
             try:
                 args, kwargs, aliases = _alias_inputs(args, kwargs, skip_first=inplace)
                 self.busy = True
@@ -325,7 +367,77 @@ class CaptureEngine:
                 for s in bw:
                     report_internal_error(f"capture alias {call.forward_key}", e, s)
                 args, kwargs, aliases = call.args, call.kwargs, []  # the user's own arguments
-        return call, wanted, bw, args, kwargs, aliases
+                plan = None
+        return call, wanted, bw, args, kwargs, aliases, plan
+
+    def _after_plan(self, call: ApiCall, sinks: list, out: Any, plan: tuple, aliases: list, same: set) -> bool:
+        """Node taps (``plan[0]``): hook the autograd nodes that produce each input's gradient,
+        and the output's own node for the gradient arriving at it (True: the output is tapped
+        too); or learn (from this call's aliases) whether such taps cover the call's inputs."""
+        use, key, inputs = plan
+        gf = out.grad_fn if type(out) is _Tensor else None
+        if not use:
+            ok = False
+            if gf is not None and aliases and len(aliases) == len(inputs) and not same:
+                targets = {}
+                for idx, a, o in aliases:
+                    agf = a.grad_fn
+                    if agf is None:
+                        break
+                    targets[(id(agf), a.output_nr)] = idx
+                else:
+                    found = _walk(gf, targets, {}, len(aliases))
+                    ok = found is not None and len(found) == len(aliases)
+            if len(self._node_ok) < 20000:
+                self._node_ok[key] = ok
+            return False
+        for _, t in inputs:
+            if t is out:
+                same.add(id(out))  # an input given back unchanged: no taps, as with aliases
+                return False
+        if type(out) is not _Tensor:
+            self._node_ok[key] = False  # aliases from the next call on
+            for s in sinks:
+                report_internal_error(f"capture node taps {call.forward_key}",
+                                      RuntimeError("an API that returned one tensor returned another kind"), s)
+            return False
+        if gf is None or not out.requires_grad:
+            return False  # the output carries no gradient: there is none to record
+        nonleaf: Dict[Tuple[int, int], Tuple[int, ...]] = {}
+        leaves: Dict[int, Tuple[int, ...]] = {}
+        for idx, t in inputs:
+            tgf = t.grad_fn
+            if tgf is None:
+                leaves[id(t)] = idx
+            else:
+                if tgf is gf:
+                    return False  # a view of an input's own node: no input taps, as with aliases
+                nonleaf[(id(tgf), t.output_nr)] = idx
+        found = _walk(gf, nonleaf, leaves, len(inputs))
+        if found is None or len(found) != len(inputs):
+            self._node_ok[key] = False  # aliases from the next call on
+            for s in sinks:
+                report_internal_error(f"capture node taps {call.forward_key}",
+                                      RuntimeError("input gradients not found in the API's autograd nodes"), s)
+            return False
+        by_node: Dict[int, list] = {}
+        nodes: Dict[int, Any] = {}
+        for idx, (node, slot) in found.items():
+            k = id(node)
+            nodes[k] = node
+            by_node.setdefault(k, []).append((slot, idx))
+        top = by_node.pop(id(gf), [])
+        top.sort(key=lambda e: e[1])
+        gf.register_hook(self._make_node_hook(call, sinks, top, out.output_nr))
+        for k, slots in by_node.items():
+            slots.sort(key=lambda e: e[1])
+            nodes[k].register_hook(self._make_node_hook(call, sinks, slots, -1))
+        return True
+
+    def _make_node_hook(self, call: ApiCall, sinks: list, slots: list, out_nr: int) -> Callable:
+        """A post hook of an autograd node: the gradient arriving at output ``out_nr`` (when not
+        -1: ``backward_input.0``), then the gradients it produced at ``slots`` (``backward_output``)."""
+        return _NodeHook(self, call, sinks, slots, out_nr)
 
     # -- backward ------------------------------------------------------------------------------
     def _tap_outputs_of(self, call: ApiCall, sinks: list, out: Any, same: set) -> None:
@@ -344,26 +456,74 @@ class CaptureEngine:
                 _register_hook(t, self._make_hook(call, sinks, "input", idx))
 
     def _make_hook(self, call: ApiCall, sinks: list, io: str, idx: Tuple[int, ...]) -> Callable:
-        engine = self
+        return _TensorHook(self, call, sinks, io, idx)
 
-        def hook(grad):
-            if grad is None:
-                return None
-            prev = engine.busy
-            engine.busy = True
-            try:
-                for s in sinks:
-                    try:
-                        s.on_backward(call, io, idx, grad)
-                    except SinkStop:
-                        raise
-                    except Exception as e:
-                        report_internal_error(f"{type(s).__name__}.on_backward {call.backward_key}", e, s)
-            finally:
-                engine.busy = prev
+
+def _deliver(engine: "CaptureEngine", call: ApiCall, sinks: list, io: str, idx: Tuple[int, ...], grad: Any) -> None:
+    for s in sinks:
+        try:
+            s.on_backward(call, io, idx, grad)
+        except SinkStop:
+            raise
+        except Exception as e:
+            report_internal_error(f"{type(s).__name__}.on_backward {call.backward_key}", e, s)
+
+
+class _TensorHook:
+    """A tensor's gradient hook: the gradient at this tensor goes to the sinks as ``(io, idx)``.
+    (An object with slots, not a closure: fewer objects for the garbage collector to track.)"""
+
+    __slots__ = ("engine", "call", "sinks", "io", "idx")
+
+    def __init__(self, engine: "CaptureEngine", call: ApiCall, sinks: list, io: str, idx: Tuple[int, ...]) -> None:
+        self.engine = engine
+        self.call = call
+        self.sinks = sinks
+        self.io = io
+        self.idx = idx
+
+    def __call__(self, grad: Any) -> None:
+        if grad is None:
             return None
+        engine = self.engine
+        prev = engine.busy
+        engine.busy = True
+        try:
+            _deliver(engine, self.call, self.sinks, self.io, self.idx, grad)
+        finally:
+            engine.busy = prev
+        return None
 
-        return hook
+
+class _NodeHook:
+    """A post hook of an autograd node (see ``CaptureEngine._make_node_hook``)."""
+
+    __slots__ = ("engine", "call", "sinks", "slots", "out_nr")
+
+    def __init__(self, engine: "CaptureEngine", call: ApiCall, sinks: list, slots: list, out_nr: int) -> None:
+        self.engine = engine
+        self.call = call
+        self.sinks = sinks
+        self.slots = slots
+        self.out_nr = out_nr
+
+    def __call__(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        engine = self.engine
+        prev = engine.busy
+        engine.busy = True
+        try:
+            call, sinks, out_nr = self.call, self.sinks, self.out_nr
+            if out_nr >= 0:
+                g = grad_outputs[out_nr] if out_nr < len(grad_outputs) else None
+                if g is not None:
+                    _deliver(engine, call, sinks, "input", (0,), g)
+            for slot, idx in self.slots:
+                g = grad_inputs[slot]
+                if g is not None:
+                    _deliver(engine, call, sinks, "output", idx, g)
+        finally:
+            engine.busy = prev
+        return None
 
 
 def _register_hook(t: Any, hook: Callable) -> None:
@@ -395,6 +555,90 @@ _SPARSE_GRAD_APIS = frozenset(("embedding", "embedding_bag", "_embedding_bag"))
 def _any_true(args: tuple, kwargs: dict) -> bool:
     """Whether some flag of the call is True (``sparse=True`` given by position or keyword)."""
     return any(v is True for v in args) or any(v is True for v in kwargs.values())
+
+
+def _node_inputs(args: tuple, kwargs: dict) -> Optional[list]:
+    """``[(index, tensor), ...]`` of the top-level inputs that require grad, when capture may tap
+    their gradients on autograd nodes instead of aliases: plain strided tensors, each object once,
+    none inside a list/tuple argument. None: aliases are needed."""
+    out: list = []
+    items = list(args) + list(kwargs.values()) if kwargs else args
+    for i, v in enumerate(items):
+        if isinstance(v, _Tensor):
+            if v.requires_grad:
+                if type(v) is not _Tensor and type(v) is not _Param:
+                    return None
+                if v.layout is not _STRIDED or v.is_nested:
+                    return None
+                for _, o in out:
+                    if o is v:
+                        return None
+                out.append(((i,), v))
+        else:
+            tv = type(v)
+            if (tv is list or tv is tuple) and _has_grad(v):
+                return None
+    return out
+
+
+def _has_grad(v: Any) -> bool:
+    for x in v:
+        if isinstance(x, _Tensor):
+            if x.requires_grad:
+                return True
+        elif type(x) is list or type(x) is tuple:
+            if _has_grad(x):
+                return True
+    return False
+
+
+#: autograd nodes visited at most, from the output's node, to find where each input's gradient is made
+_WALK_BUDGET = 8
+
+
+def _walk(root: Any, nonleaf: dict, leaves: dict, want: int) -> Optional[dict]:
+    """``{index: (node, slot)}``: for each target input, the one edge inside the API's nodes that
+    leads to it (``nonleaf``: ``(id(grad_fn), output_nr) -> index``; ``leaves``: ``id(leaf) -> index``,
+    found through their AccumulateGrad node). None when an input is reached by more than one edge
+    (its gradient is a sum over several edges) or the walk runs out of budget before all are found."""
+    found: dict = {}
+    stack = [root]
+    seen = set()
+    budget = _WALK_BUDGET
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        budget -= 1
+        if budget < 0:
+            return None
+        for slot, (nxt, nr) in enumerate(node.next_functions):
+            if nxt is None:
+                continue
+            idx = nonleaf.get((id(nxt), nr)) if nonleaf else None
+            if idx is None and leaves and type(nxt) is _ACC:
+                idx = leaves.get(id(nxt.variable))
+            if idx is not None:
+                if idx in found:
+                    return None
+                found[idx] = (node, slot)
+                continue
+            if type(nxt) is _ACC:
+                continue
+            stack.append(nxt)
+        if len(found) == want and not stack:
+            break
+    return found
+
+
+def _acc_type() -> Any:
+    x = torch.zeros(1, requires_grad=True)
+    return type((x * 1).grad_fn.next_functions[0][0])
+
+
+_ACC = _acc_type()
+_Param = torch.nn.Parameter
 
 
 def _alias_inputs(args: tuple, kwargs: dict, skip_first: bool) -> Tuple[tuple, dict, list]:

@@ -197,7 +197,7 @@ class ApiCall:
                 v = v[i]
         except (IndexError, TypeError):
             return None
-        return v.ref() if type(v) is _Weak else v
+        return v() if type(v) is _Weak else v
 
     def release(self) -> None:
         """After ``end_call``: drop the frame, and hold tensors only weakly from now on.
@@ -218,17 +218,17 @@ class ApiCall:
         return f"ApiCall({self.forward_key})"
 
 
-class _Weak:
-    __slots__ = ("ref",)
+class _Weak(weakref.ref):
+    """A weak reference to a tensor of a released call (a subclass, so that a user's own weak
+    reference among the arguments is never taken for one of ours)."""
 
-    def __init__(self, ref: Any) -> None:
-        self.ref = ref
+    __slots__ = ()
 
 
 def _weaken(v: Any) -> Any:
     if isinstance(v, _TENSOR or _tensor_type()):
         try:
-            return _Weak(weakref.ref(v))
+            return _Weak(v)
         except TypeError:
             return v
     t = type(v)
@@ -241,7 +241,7 @@ def _weaken(v: Any) -> Any:
 
 def _strong(v: Any) -> Any:
     if type(v) is _Weak:
-        return v.ref()
+        return v()
     t = type(v)
     if t is list or t is tuple:
         return t([_strong(x) for x in v])

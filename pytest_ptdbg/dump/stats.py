@@ -22,7 +22,8 @@ from typing import Any, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
-__all__ = ["TensorStats", "tensor_stats", "special_stats", "scalar_stats", "StatsCache", "SHARED_CACHE"]
+__all__ = ["TensorStats", "tensor_stats", "special_stats", "scalar_stats", "batch_stats", "BATCH_DTYPES",
+           "StatsCache", "SHARED_CACHE"]
 
 _WIDE = (torch.float32, torch.float64)
 _DTYPE_NAMES: dict = {}
@@ -150,6 +151,68 @@ def _dense_stats(t: torch.Tensor) -> TensorStats:
     if dtype == torch.bool:
         return TensorStats(dname, shape, [bool(mx_v), bool(mn_v), s_v / n, l2], 0, 0)
     return TensorStats(dname, shape, [mx_v, mn_v, s_v / n, l2], 0, 0)
+
+
+#: dtypes :func:`batch_stats` measures (floating types; every other dtype goes to :func:`tensor_stats`)
+BATCH_DTYPES = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
+
+
+def batch_stats(tensors: list, names: list, shapes: list) -> list:
+    """Statistics of many small dense CPU floating tensors at once (one pass per statistic over
+    their concatenation): ``[TensorStats, ...]`` in the order given.
+
+    ``tensors`` are non-empty tensors of :data:`BATCH_DTYPES` (private snapshots: they are read
+    only), ``names``/``shapes`` their recorded dtype names and shapes. Max and min are exact;
+    sum and square sum accumulate in float64 (so no finite float32/16 value overflows); NaN and
+    Inf are counted only in tensors whose statistics are not finite, as :func:`tensor_stats` does.
+    """
+    out: list = [None] * len(tensors)
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        g = groups.get(t.dtype)
+        if g is None:
+            g = groups[t.dtype] = []
+        g.append(i)
+    for dtype, idx in groups.items():
+        parts = [tensors[i].reshape(-1) for i in idx]
+        flat = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if dtype not in _WIDE:
+            flat = flat.float()
+        a = flat.numpy()
+        counts = np.fromiter((p.numel() for p in parts), dtype=np.int64, count=len(parts))
+        starts = np.zeros(len(parts), dtype=np.int64)
+        np.cumsum(counts[:-1], out=starts[1:])
+        mx = np.maximum.reduceat(a, starts)
+        mn = np.minimum.reduceat(a, starts)
+        a64 = a.astype(np.float64) if a.dtype != np.float64 else a
+        with np.errstate(all="ignore"):
+            s = np.add.reduceat(a64, starts)
+            sq = np.add.reduceat(a64 * a64, starts)
+            l2 = np.sqrt(sq)
+            mean = s / counts
+        bad = ~(np.isfinite(mx) & np.isfinite(mn) & np.isfinite(s) & np.isfinite(l2))
+        if bad.any():
+            nans = np.add.reduceat(np.isnan(a).astype(np.int64), starts)
+            infs = np.add.reduceat(np.isinf(a).astype(np.int64), starts)
+        else:
+            nans = infs = None
+        mxl, mnl, meanl, l2l = mx.tolist(), mn.tolist(), mean.tolist(), l2.tolist()
+        badl = bad.tolist()
+        for j, i in enumerate(idx):
+            if badl[j]:
+                out[i] = TensorStats(names[i], shapes[i], [mxl[j], mnl[j], meanl[j], l2l[j]],
+                                     int(nans[j]), int(infs[j]))
+            else:
+                out[i] = TensorStats(names[i], shapes[i], [mxl[j], mnl[j], meanl[j], l2l[j]], 0, 0)
+    return out
+
+
+def dtype_name(dtype: Any) -> str:
+    """``"torch.float32"`` for ``torch.float32`` (cached)."""
+    d = _DTYPE_NAMES.get(dtype)
+    if d is None:
+        d = _DTYPE_NAMES[dtype] = str(dtype)
+    return d
 
 
 def _one(dname: str, shape: Tuple[int, ...], v: float) -> TensorStats:
@@ -350,6 +413,32 @@ class StatsCache:
             return st, None
         self._recent.append(t)
         return st, key
+
+    def peek(self, t: torch.Tensor) -> Optional[TensorStats]:
+        """Cached statistics of ``t`` or None (no computing; sets :attr:`last_hit`)."""
+        ident = self._ident(t)
+        if ident is not None:
+            e = self._d.get(ident[0])
+            if e is not None and e[1] == ident[1] and (e[0]() is not None or _owns_grad(e[3], ident[0])):
+                self.hits += 1
+                self.last_hit = True
+                return e[2]
+        self.last_hit = False
+        return None
+
+    def put(self, key: tuple, ref: Any, version: int, st: TensorStats) -> None:
+        """Remember ``st`` as the statistics of the data ``key`` (see :meth:`data_key`) at
+        ``version`` while the tensor behind the weak reference ``ref`` lives (measured later from
+        a snapshot taken at that version, so a hit needs the version unchanged)."""
+        d = self._d
+        if len(d) >= self.size:
+            self._prune()
+        d[key] = (ref, version, st, None)
+
+    @staticmethod
+    def data_key(t: torch.Tensor) -> tuple:
+        """The cache's key of ``t``'s data."""
+        return _data_key(t)
 
     def stats(self, t: torch.Tensor) -> TensorStats:
         """Cached statistics of ``t``, computing them on a miss (sets :attr:`last_hit`)."""

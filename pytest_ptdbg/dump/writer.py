@@ -5,11 +5,10 @@ rank directory atomically*: the old directory is renamed aside (``rank0.old-<pid
 one is created, then the old one is deleted, so a dump never mixes files of two runs, and a step
 this run never records is never touched. This runs on a background thread (directory creation is
 slow on some filesystems); lines produced meanwhile wait in memory.
-Lines go out whole through one ``os.write`` on an ``O_APPEND`` descriptor: an API's forward lines
-(with any gradient lines waiting) when the API returns, gradient lines in batches of at most 16
-otherwise, and everything before every ``Distributed``/``NPU`` call (a hang in a collective leaves
-what came before it on disk) and at ``stop()``/``step()``. A SIGKILL leaves complete lines and loses
-at most the last few gradient lines.
+Lines go out whole through one ``os.write`` on an ``O_APPEND`` descriptor, in batches (see
+:class:`DumpSink`: every :data:`QUEUE_MAX` records, before every ``Distributed``/``NPU`` call, so a
+hang in a collective leaves what came before it on disk, and at ``stop()``/``step()``). A SIGKILL
+leaves complete lines and loses at most the batch in memory.
 Full-tensor dumps use :class:`AsyncRankWriter`: tensor snapshots and lines are written in order
 by one I/O thread, so every line on disk names ``.npy`` files that exist and are whole.
 At every ``stop()`` and at the end of the step, once all of it is on disk, the writer writes the
@@ -40,7 +39,8 @@ from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors, report_intern
 from pytest_ptdbg.dump.call_spec import encode_call_json
 from pytest_ptdbg.dump.select import Selector, filtered_out
 from pytest_ptdbg.format import manifest, records
-from pytest_ptdbg.dump.stats import SHARED_CACHE, TensorStats, scalar_stats
+from pytest_ptdbg.dump.stats import (BATCH_DTYPES, SHARED_CACHE, TensorStats, batch_stats, dtype_name,
+                                     scalar_stats, tensor_stats)
 
 __all__ = ["RankWriter", "AsyncRankWriter", "DumpSink", "save_npy", "replace_dir"]
 
@@ -189,6 +189,7 @@ class RankWriter:
         self.failure: Optional[str] = None
         self._active = False  # the rank directory is (being) replaced: this step writes into it
         self._reported = False
+        self._manifest_state: Any = None  # (lines, failure) the manifest on disk says
 
     # -- failures ---------------------------------------------------------------------------
     def _fail(self, exc: BaseException, path: Optional[str] = None) -> None:
@@ -287,8 +288,13 @@ class RankWriter:
     def _write_manifest(self) -> None:
         if not self._active:
             return
+        state = (self.lines, self.failure)
+        if state == self._manifest_state:
+            self._report()
+            return  # the manifest on disk says this already (stop() then step())
         try:
             manifest.write_manifest(self.pkl_path, self.lines, self.failure is None, self.failure)
+            self._manifest_state = state
         except Exception as e:  # noqa: BLE001 - a missing manifest already makes compare fail
             self._fail(e, manifest.manifest_path(self.pkl_path))
         self._report()
@@ -368,6 +374,22 @@ class RankWriter:
 
 #: full-tensor dumps: at most this many bytes of tensor copies wait for the I/O thread
 ASYNC_LIMIT_BYTES = 256 << 20
+#: tensors of at least this many bytes are written by the caller's thread from their own memory
+SYNC_WRITE_BYTES = 1 << 20
+
+
+class _Done:
+    """A future that is already done."""
+
+    @staticmethod
+    def result() -> None:
+        return None
+
+
+_DONE = _Done()
+#: file operations are handed to the I/O thread in batches of this many, or this many bytes
+IO_BATCH = 256
+IO_BATCH_BYTES = 8 << 20
 
 
 def _data_key(t: torch.Tensor) -> Any:
@@ -411,7 +433,8 @@ class AsyncRankWriter(RankWriter):
     """Full-tensor dumps: every file operation runs, in order, on the process's one I/O thread.
 
     ``save`` hands over a copy of the tensor (so later in-place changes cannot leak into the file)
-    and returns at once; ``.pkl`` lines are queued behind the ``.npy`` files they name, so what is
+    and returns at once (a tensor of :data:`SYNC_WRITE_BYTES` or more is written at once instead,
+    from its own memory, by the caller's thread: one copy of its bytes instead of two); ``.pkl`` lines are queued behind the ``.npy`` files they name, so what is
     on disk is always consistent: complete lines, each naming files that exist and are whole. A
     SIGKILL loses only what was still queued. At most :data:`ASYNC_LIMIT_BYTES` of copies wait;
     beyond that ``save`` waits for the thread. ``flush``/``close`` wait for everything.
@@ -425,6 +448,9 @@ class AsyncRankWriter(RankWriter):
         self._pending = 0
         self._wfd: Optional[int] = None
         self._recent: Any = collections.deque(maxlen=4)
+        self._batch: list = []  # file operations not yet handed to the I/O thread
+        self._batch_bytes = 0
+        self._made: Any = _DONE  # the future of the directory's preparation
 
     def _make_async(self) -> None:
         self._wfd = self._make()
@@ -433,6 +459,8 @@ class AsyncRankWriter(RankWriter):
         if not self._active:
             self._active = True
             self._submit(0, self._make_async, self.rank_dir)
+            self._send()  # the directory is prepared while the step goes on
+            self._made = self._tasks[-1][0] if self._tasks else _DONE
 
     def _run(self, fn: Any, path: Optional[str], *args: Any) -> None:
         """One task on the I/O thread: skipped after a failure, never raises."""
@@ -444,12 +472,31 @@ class AsyncRankWriter(RankWriter):
             self._fail(e, path)
 
     def _submit(self, nbytes: int, fn: Any, path: Optional[str], *args: Any) -> None:
-        try:
-            self._tasks.append((_background().submit(self._run, fn, path, *args), nbytes))
-        except RuntimeError:  # interpreter shutdown (the thread is gone, its queue done): here
+        """Queue one file operation; they go to the I/O thread in batches (one hand-over per
+        :data:`IO_BATCH` operations or :data:`IO_BATCH_BYTES` bytes, and at every ``.pkl`` write)."""
+        self._batch.append((fn, path, args))
+        self._batch_bytes += nbytes
+        if len(self._batch) >= IO_BATCH or self._batch_bytes >= IO_BATCH_BYTES:
+            self._send()
+
+    def _run_batch(self, batch: list) -> None:
+        for fn, path, args in batch:
             self._run(fn, path, *args)
-            nbytes = 0
-        self._pending += nbytes
+
+    def _send(self) -> None:
+        """Hand the queued operations to the I/O thread (in order); wait while too many bytes of
+        snapshots are on their way."""
+        batch = self._batch
+        nbytes = self._batch_bytes
+        if batch:
+            self._batch = []
+            self._batch_bytes = 0
+            try:
+                self._tasks.append((_background().submit(self._run_batch, batch), nbytes))
+            except RuntimeError:  # interpreter shutdown (the thread is gone, its queue done): here
+                self._run_batch(batch)
+                nbytes = 0
+            self._pending += nbytes
         tasks = self._tasks
         while tasks and (tasks[0][0].done() or self._pending > ASYNC_LIMIT_BYTES):
             fut, nb = tasks.popleft()
@@ -466,6 +513,7 @@ class AsyncRankWriter(RankWriter):
             return
         self._activate()
         self._submit(len(text), self._write_task, self.pkl_path, text.encode("utf-8"))
+        self._send()
 
     def save(self, key: str, t: torch.Tensor, link: bool = True) -> str:
         name = records.data_file_name(key)
@@ -481,14 +529,25 @@ class AsyncRankWriter(RankWriter):
                 self._submit(0, _link_or_copy, path, e[2], path)
                 return name
             arr = tensor_to_numpy(t)
-            if t.device.type == "cpu" and arr.size and arr.__array_interface__["data"][0] == t.data_ptr():
+            if arr.nbytes >= SYNC_WRITE_BYTES:
+                # a large tensor is written here and now, straight from its memory: one copy
+                # (into the page cache) instead of a snapshot copy and a write of the copy
+                self._made.result()  # the directory (its errors are the I/O thread's: failure)
+                if self.failure is not None:
+                    return name
+                _write_npy_array(path, arr)
+                arr = None
+            elif t.device.type == "cpu" and arr.size and arr.__array_interface__["data"][0] == t.data_ptr():
                 arr = arr.copy()  # a snapshot: the tensor may change before the thread writes it
         except Exception as exc:  # noqa: BLE001 - never into the user's step
             self._fail(exc, path)
             self._report()
             return name
-        self.npy_bytes += arr.nbytes
-        self._submit(arr.nbytes, _write_npy_array, path, path, arr)
+        if arr is None:
+            self.npy_bytes += t.numel() * (4 if t.dtype == torch.bfloat16 else t.element_size())
+        else:
+            self.npy_bytes += arr.nbytes
+            self._submit(arr.nbytes, _write_npy_array, path, path, arr)
         if len(self._saved) > 4096:
             self._saved.clear()
         try:
@@ -499,6 +558,7 @@ class AsyncRankWriter(RankWriter):
         return name
 
     def _wait(self) -> None:
+        self._send()
         tasks = self._tasks
         while tasks:
             fut, nb = tasks.popleft()
@@ -615,10 +675,18 @@ _WRITES_INPUTS = frozenset((
     ("Torch", "_batch_norm_with_update"), ("Functional", "sync_batch_norm"),
 ))
 _STRIDED = torch.strided
+_Param = torch.nn.Parameter
 #: the state of a call whose forward is done and whose backward is awaited
 _BWD_ONLY = (True, True, None, None)
-#: gradient lines are written in batches of at most this many (see the module docstring)
-_PENDING_MAX = 16
+#: records wait in memory (their statistics measured together, see DumpSink) until this many
+#: are queued, or :data:`SNAP_MAX_ELEMS` elements of snapshots are held
+QUEUE_MAX = 1024
+SNAP_MAX_ELEMS = 1 << 20
+#: tensors of at most this many elements are snapshotted and measured in a batch; larger ones
+#: at once (their statistics cost passes over the data, not Python overhead)
+SNAP_NUMEL = 8192
+_ref = weakref.ref
+_new_snaps = list  # (snapshot, dtype name, shape, cache key or None, weakref, version, statistics)
 
 
 class DumpSink(Sink):
@@ -627,6 +695,17 @@ class DumpSink(Sink):
     Records: every tensor and Python int/float among the inputs and outputs (bool flags such as
     ``inplace=False`` are only in the call spec), one stack record per API and direction in the
     modes that have stacks, and one line per gradient.
+
+    Deferred, batched statistics: a small dense floating CPU tensor (at most :data:`SNAP_NUMEL`
+    elements) is *snapshotted* (cloned) at the moment it is recorded (an input at the call's
+    entry, an output at its return, a gradient when autograd hands it over), and the statistics
+    of all waiting snapshots are computed together (``stats.batch_stats``) when the queue is
+    written: at :data:`QUEUE_MAX` records or :data:`SNAP_MAX_ELEMS` snapshot elements, before
+    every ``Distributed``/``NPU`` call, and at ``stop()``/``step()``. Records are therefore true
+    as at entry/return (the snapshot is taken then) and go to the ``.pkl`` in their order, in
+    whole lines. A snapshot of a tensor of at least ``cache.min_numel`` elements is reused for
+    the same data at the same version (the output of one call recorded again as the next one's
+    input), under the same rules as :class:`stats.StatsCache`, which receives the results.
     """
 
     def __init__(self, config: Any, rank_dir: str) -> None:
@@ -646,7 +725,13 @@ class DumpSink(Sink):
         self.apis_backward = 0
         self._bw_started: set = set()
         self._stack_json = _STACK_JSON  # shared by every step's sink: stacks repeat step after step
-        self._pending: List[str] = []  # backward lines not yet written (see on_backward)
+        # records not yet written: finished lines (str) and tensor records waiting for their
+        # statistics, ``(key, statistics or snapshot holder, rg, ctx, npy, spec)``
+        self._pending: list = []
+        self._snaps: list = []  # snapshot holders not yet measured
+        self._snap_elems = 0
+        self._slots: dict = {}  # cache key -> holder, for snapshots of tensors >= cache.min_numel
+        self._recent: Any = collections.deque(maxlen=4)  # see StatsCache: keeps memory from reuse
         sel = self.selector
         # decisions that do not depend on the call, made once
         self._every_call = sel.mode not in ("list", "range", "api_list")
@@ -656,13 +741,59 @@ class DumpSink(Sink):
         self.writer.prepare()
 
     # -- records ---------------------------------------------------------------------------
+    def _tensor(self, key: str, v: Any, ctx: str, lines: list, spec: Any, fresh: bool,
+                leaf: Any = None) -> None:
+        """Append the record of tensor ``v`` (its statistics now or, for a small tensor, a
+        snapshot to be measured with the batch) to ``lines``. ``leaf``: for a gradient, the leaf
+        it is produced for (see ``StatsCache.grad_stats``)."""
+        if self.filter_on and filtered_out(v):
+            return
+        cache = self.cache
+        tv = type(v)
+        if not fresh and (tv is _Tensor or tv is _Param) and v.dtype in BATCH_DTYPES and v.is_cpu \
+                and v.layout is _STRIDED and not v.is_nested and not v.is_inference():
+            n = v.numel()
+            if 0 < n <= SNAP_NUMEL:
+                ver = v._version
+                h = None
+                link = False
+                if n >= cache.min_numel:
+                    dk = (v.data_ptr(), v.dtype, v.shape, v.stride(), None)
+                    h = self._slots.get(dk)
+                    if h is not None and h[5] == ver and h[4]() is not None:
+                        link = True
+                    else:
+                        h = cache.peek(v)  # measured in an earlier batch or step
+                        if h is not None:
+                            link = True
+                        else:
+                            wr = _ref(v)
+                            h = [v.detach().clone(), dtype_name(v.dtype), tuple(v.shape), dk, wr, ver, None]
+                            self._slots[dk] = h
+                            self._recent.append(v)
+                            self._snaps.append(h)
+                            self._snap_elems += n
+                else:
+                    h = [v.detach().clone(), dtype_name(v.dtype), tuple(v.shape), None, None, ver, None]
+                    self._snaps.append(h)
+                    self._snap_elems += n
+                npy = self._save(key, v, link) if self.save_data else None
+                lines.append((key, h, v.requires_grad, ctx, npy, spec))
+                return
+        if fresh:
+            st = cache.fresh(v)
+        elif leaf is not None:
+            st = cache.grad_stats(v, leaf)
+        else:
+            st = cache.stats(v)
+        # a file saved earlier is reused only for data the cache vouches for
+        npy = self._save(key, v, cache.last_hit) if self.save_data else None
+        lines.append(record_line(key, st, v.requires_grad, ctx, npy, spec))
+
     def _records(self, api: str, io: str, items: Any, ctx: str, lines: list, spec: Any,
                  fresh: bool = False) -> Any:
-        """Append the lines of ``items`` (an index-ordered list) to ``lines``; returns the unused spec."""
-        save = self.save_data
+        """Append the records of ``items`` (an index-ordered list) to ``lines``; returns the unused spec."""
         filt = self.filter_on
-        cache = self.cache
-        stats = cache.fresh if fresh else cache.stats
         prefix = f"{api}_{io}."
         for i, v in enumerate(items):
             tv = type(v)
@@ -670,17 +801,15 @@ class DumpSink(Sink):
                 spec = self._nested(prefix, (i,), v, ctx, lines, spec, fresh)
                 continue
             if isinstance(v, _Tensor):
+                n0 = len(lines)
                 try:
-                    if filt and filtered_out(v):
-                        continue
-                    st = stats(v)
-                    key = prefix + str(i)
-                    # a file saved earlier is reused only for data the cache vouches for
-                    npy = self._save(key, v, cache.last_hit) if save else None
-                    lines.append(record_line(key, st, v.requires_grad, ctx, npy, spec))
+                    self._tensor(prefix + str(i), v, ctx, lines, spec, fresh)
                 except Exception as e:
+                    del lines[n0:]
                     report_internal_error(f"record {prefix}{i}", e, self)
                     continue
+                if len(lines) == n0:
+                    continue  # filtered out
             else:
                 if filt or tv is bool:  # flags (inplace=False, ...) live in the call spec only
                     continue
@@ -693,17 +822,14 @@ class DumpSink(Sink):
 
     def _nested(self, prefix: str, base: Tuple[int, ...], value: Any, ctx: str, lines: list,
                 spec: Any, fresh: bool) -> Any:
-        cache = self.cache
-        stats = cache.fresh if fresh else cache.stats
         for idx, v in iter_tensors(value, base):
             key = prefix + ".".join([str(i) for i in idx])
+            n0 = len(lines)
             try:
                 if isinstance(v, _Tensor):
-                    if self.filter_on and filtered_out(v):
+                    self._tensor(key, v, ctx, lines, spec, fresh)
+                    if len(lines) == n0:
                         continue
-                    st = stats(v)
-                    npy = self._save(key, v, cache.last_hit) if self.save_data else None
-                    lines.append(record_line(key, st, v.requires_grad, ctx, npy, spec))
                 else:
                     if self.filter_on or type(v) is bool:
                         continue
@@ -712,6 +838,7 @@ class DumpSink(Sink):
                         continue
                     lines.append(record_line(key, st, None, ctx, None, spec))
             except Exception as e:
+                del lines[n0:]
                 report_internal_error(f"record {key}", e, self)
                 continue
             spec = None
@@ -784,7 +911,8 @@ class DumpSink(Sink):
         if lines:
             self._pending += lines
             self.apis_forward += 1
-            self._write_pending()  # an API's forward lines reach the disk when it returns
+            if fresh or len(self._pending) >= QUEUE_MAX or self._snap_elems >= SNAP_MAX_ELEMS:
+                self._write_pending()
         if bwd:
             call.state[self] = _BWD_ONLY
         else:
@@ -794,45 +922,88 @@ class DumpSink(Sink):
         """The call's kernel may have written its inputs without a version bump: their cached
         statistics (and files saved for them, which the cache vouches for) are stale."""
         items = list(call.args) + list(call.kwargs.values()) if call.kwargs else call.args
+        slots = self._slots
         for _, v in iter_tensors(items):
             if isinstance(v, _Tensor):
                 self.cache.forget(v)
+                if slots:
+                    try:
+                        h = slots.pop(self.cache.data_key(v), None)
+                    except Exception:  # pragma: no cover - a tensor kind without data_ptr
+                        h = None
+                    if h is not None:
+                        h[3] = None  # its statistics are true for its record, never reused
 
     def on_backward(self, call: ApiCall, io: str, index: Tuple[int, ...], grad: Any) -> None:
         st = call.state.get(self)
         if st is None or not st[1] or not self._keep_bwd[io]:
             return
-        if self.filter_on and filtered_out(grad):
-            return
         api = call.backward_key
         key = f"{api}_{io}.{index[0]}" if len(index) == 1 else records.tensor_key(api, io, index)
+        lines: list = []
         try:
+            leaf = None
             if io == "output":
                 leaf = call.input_at(index)
-                s = self.cache.grad_stats(grad, leaf if leaf is not None and getattr(leaf, "is_leaf", False) else None)
-            else:
-                s = self.cache.stats(grad)
-            npy = self._save(key, grad, self.cache.last_hit) if self.save_data else None
-            line = record_line(key, s, None, call.ctx, npy, None)
+                if leaf is not None and not getattr(leaf, "is_leaf", False):
+                    leaf = None
+            self._tensor(key, grad, call.ctx, lines, None, False, leaf)
         except Exception as e:
             report_internal_error(f"record {key}", e, self)
             return
+        if not lines:
+            return  # filtered out
         seq = call.seq
         if seq not in self._bw_started:
             self._bw_started.add(seq)
             self.apis_backward += 1
             if self.with_stack and call._stack is not None:
-                line += self._stack_line(api, call._stack)
+                lines.append(self._stack_line(api, call._stack))
         pending = self._pending
-        pending.append(line)
-        if len(pending) >= _PENDING_MAX:
+        pending += lines
+        if len(pending) >= QUEUE_MAX or self._snap_elems >= SNAP_MAX_ELEMS:
             self._write_pending()
 
+    def _measure(self) -> None:
+        """Statistics of every waiting snapshot, in one batch; the cache learns those it may reuse."""
+        snaps, self._snaps = self._snaps, []
+        self._snap_elems = 0
+        self._slots = {}
+        if not snaps:
+            return
+        try:
+            res = batch_stats([h[0] for h in snaps], [h[1] for h in snaps], [h[2] for h in snaps])
+        except Exception as e:  # noqa: BLE001 - one by one instead (tensor_stats never raises)
+            report_internal_error("batch statistics", e)
+            res = [tensor_stats(h[0]) for h in snaps]
+        cache = self.cache
+        for h, st in zip(snaps, res):
+            h[6] = st
+            h[0] = None  # the snapshot's memory goes
+            if h[3] is not None:
+                try:
+                    cache.put(h[3], h[4], h[5], st)
+                except TypeError:  # pragma: no cover
+                    pass
+
     def _write_pending(self) -> None:
-        if self._pending:
-            text = "".join(self._pending)
+        if self._snaps:
+            self._measure()
+        pending = self._pending
+        if pending:
             self._pending = []
-            self.writer.write(text)
+            out = []
+            for e in pending:
+                if type(e) is str:
+                    out.append(e)
+                    continue
+                try:
+                    h = e[1]
+                    out.append(record_line(e[0], h[6] if type(h) is list else h, e[2], e[3], e[4], e[5]))
+                except Exception as exc:  # noqa: BLE001 - a snapshot measured nowhere: drop it
+                    report_internal_error(f"record {e[0]}", exc, self)
+            self.writer.write("".join(out))
+        self._recent.clear()
 
     def _stack_line(self, api: str, frames: list) -> str:
         """The stack record line; the frames' JSON is cached (``extract_stack`` shares lists)."""

@@ -504,7 +504,7 @@ def test_internal_error_in_a_record_loses_only_that_record(tmp_path, monkeypatch
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = _mlp_step(*em.mlp(seed=0))
-    dbg.stop()
+        dbg.stop()  # records are built when their batch is written: at the latest here
     dbg.close()
     assert _same(plain, got)
     assert sum("MemoryError" in str(w.message) for w in caught) == 1

@@ -370,3 +370,45 @@ def test_record_counts_for_known_model(tmp_path):
     assert fams[("Functional_cross_entropy", "forward")] == 1
     assert fams[("Functional_cross_entropy", "backward")] == 1
     assert fams[("Tensor_add_", "forward")] == 6  # SGD updates
+
+
+def _gradient_records(tmp_path, node_taps, monkeypatch):
+    """{key: statistics} of every backward record of a tiny GPT step and of idioms whose input
+    gradients pass through several nodes (linear on 1-D and 3-D inputs, an input given back,
+    the same tensor twice, a list input, a split output)."""
+    import example_models as em
+
+    monkeypatch.setattr(CaptureEngine, "node_taps", node_taps)
+    torch.manual_seed(0)
+    model, batch = em.tiny_gpt(seed=0)
+    w = torch.randn(4, 8, requires_grad=True)
+    out = str(tmp_path / ("nodes" if node_taps else "aliases"))
+    dbg = PrecisionDebugger(dump_path=out, step=[0])
+    dbg.configure_hook(mode="api_stack", summary_only=True)
+    dbg.start()
+    torch.manual_seed(1)
+    train_step(model, batch)
+    for _ in range(2):
+        x = torch.randn(3, 8, requires_grad=True)
+        h = F.linear(x.contiguous().to(torch.float32), w) + F.linear(x[0], w).sum()
+        p, q = torch.cat([h * h, h], 0).split(3)
+        ((p + q).sum() + F.linear(torch.randn(2, 3, 8), w).sum() + w.contiguous().sum()).backward()
+    dbg.stop()
+    dbg.close()
+    recs = {}
+    with open(os.path.join(records.rank_dir(out, 0, 0), records.pkl_name("api_stack"))) as f:
+        for line in f:
+            rec = json.loads(line)
+            if not records.is_stack_record(rec) and "_backward_" in rec[0]:
+                recs[rec[0]] = rec[5]
+    return recs
+
+
+def test_node_taps_record_exactly_what_aliases_record(tmp_path, monkeypatch):
+    """Input gradients read on the API's own autograd nodes are the records the view_as aliases
+    give: the same keys and the same statistics (the same gradients)."""
+    nodes = _gradient_records(tmp_path, True, monkeypatch)
+    aliases = _gradient_records(tmp_path, False, monkeypatch)
+    assert len(nodes) > 200
+    assert sorted(nodes) == sorted(aliases)
+    assert {k: v for k, v in nodes.items() if aliases[k] != v} == {}

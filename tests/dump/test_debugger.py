@@ -286,3 +286,33 @@ def test_acl_configuration_is_accepted(tmp_path):
     dbg.configure_hook(mode="acl", scope=["Functional_conv2d_1_backward"], acl_config="dump.json",
                        backward_input=["Functional_conv2d_1_backward_input.0.npy"])
     assert dbg.config.mode == "acl" and dbg.config.backward_input
+
+
+@pytest.mark.parametrize("n", [8, 300, 20000])  # snapshot never reused / reused by version / measured at once
+def test_small_and_large_tensors_changed_in_place_are_recorded_as_at_entry_and_return(tmp_path, n):
+    """Statistics are measured later, in batches, from snapshots: a tensor changed in place right
+    after it was recorded keeps the values it had at that moment in every record."""
+    x = torch.arange(n, dtype=torch.float32)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), step=[0])
+    dbg.configure_hook(mode="api_stack", summary_only=True)
+    dbg.start()
+    y = x * 2            # output.0: 2 * x
+    y.add_(1)            # input.0 at entry: 2 * x; output.0: 2 * x + 1
+    y.mul_(-1)           # input.0 at entry: 2 * x + 1
+    z = torch.tanh(y)    # input.0: -(2 * x + 1)
+    dbg.stop()
+    dbg.close()
+    recs = {r[0]: r for r in read_pkl(os.path.join(records.rank_dir(str(tmp_path), 0, 0), "api_stack_dump.pkl"))}
+
+    def mx_mn(key):
+        return recs[key][5][:2]
+
+    top = float(n - 1)
+    assert mx_mn("Tensor_mul_0_forward_output.0") == [2 * top, 0.0]
+    assert mx_mn("Tensor_add__0_forward_input.0") == [2 * top, 0.0]
+    assert mx_mn("Tensor_add__0_forward_output.0") == [2 * top + 1, 1.0]
+    assert mx_mn("Tensor_mul__0_forward_input.0") == [2 * top + 1, 1.0]
+    assert mx_mn("Tensor_mul__0_forward_output.0") == [-1.0, -(2 * top + 1)]
+    assert mx_mn("Torch_tanh_0_forward_input.0") == [-1.0, -(2 * top + 1)]
+    assert recs["Torch_tanh_0_forward_output.0"][5][0] == pytest.approx(float(torch.tanh(torch.tensor(-1.0))))
+    assert z.shape == (n,)

@@ -141,3 +141,34 @@ def test_full_cache_forgets_dead_entries_first():
         del batch
     hits = c.hits
     assert [c.stats(t) for t in kept] == first and c.hits == hits + 3  # the live ones still hit
+
+
+def test_batch_stats_hand_computed_and_as_tensor_stats():
+    """Many small tensors measured in one batch: the same statistics as one by one (max/min
+    exact, sums in float64), NaN/Inf counted only where a statistic is not finite."""
+    from pytest_ptdbg.dump.stats import batch_stats
+
+    ts = [
+        torch.tensor([[3.0, -4.0], [0.0, 1.0]]),
+        torch.full((4,), 300.0, dtype=torch.float16),  # its square sum overflows float16
+        torch.tensor([1.0, float("nan"), float("inf"), float("-inf"), 2.0]),
+        torch.tensor(-2.5, dtype=torch.float64),
+        torch.tensor([1.0, float("inf")]),
+        torch.arange(12.0).reshape(3, 4).t().clone(),  # a non-contiguous layout kept by clone
+        torch.tensor([-3.0], dtype=torch.bfloat16),
+    ]
+    got = batch_stats(ts, [str(t.dtype) for t in ts], [tuple(t.shape) for t in ts])
+    assert got[0].stats == [3.0, -4.0, 0.0, math.sqrt(26.0)] and (got[0].nan, got[0].inf) == (0, 0)
+    assert got[0].dtype == "torch.float32" and got[0].shape == (2, 2)
+    assert got[1].stats == [300.0, 300.0, 300.0, 600.0]
+    assert (got[2].nan, got[2].inf) == (1, 2)
+    assert got[3].stats == [-2.5, -2.5, -2.5, 2.5] and got[3].shape == ()
+    assert got[4].stats[0] == math.inf and got[4].stats[1] == 1.0 and (got[4].nan, got[4].inf) == (0, 1)
+    assert got[5].stats[:3] == [11.0, 0.0, 5.5]
+    assert got[5].stats[3] == pytest.approx(math.sqrt(sum(i * i for i in range(12))), rel=1e-12)
+    assert got[6].stats == [-3.0, -3.0, -3.0, 3.0] and got[6].dtype == "torch.bfloat16"
+    for t, st in zip(ts, got):
+        ref = tensor_stats(t)
+        assert (ref.dtype, ref.shape, ref.nan, ref.inf) == (st.dtype, st.shape, st.nan, st.inf)
+        for a, b in zip(ref.stats, st.stats):
+            assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-6)
