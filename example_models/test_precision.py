@@ -33,13 +33,7 @@ def test_train_step_matches_bench_fp32(ptdbg_dump, name):
     result.assert_precision()
 
 
-# the default judgement replays every call against a float64 oracle (the judgement branch); with
-# the table-only judgement of before, bf16 rounding itself fails ptdbg's rule for these two
-_NEEDS_REPLAY = pytest.mark.xfail(strict=False, reason="needs the replay judgement")
-
-
-@pytest.mark.parametrize("name", [n if n in ("mlp", "lstm") else pytest.param(n, marks=_NEEDS_REPLAY)
-                                  for n in MODELS])
+@pytest.mark.parametrize("name", MODELS)
 def test_bf16_autocast_with_default_settings(ptdbg_dump, name):
     model, batch = em.MODELS[name]()
     result = ptdbg_dump(model, batch, step=em.train_step, dtype="bfloat16")

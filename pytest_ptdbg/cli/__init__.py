@@ -70,13 +70,16 @@ def add_compare_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="./output", help="output folder (default ./output)")
     p.add_argument("--summary", action="store_true", help="compare statistics only (no tensors read)")
     p.add_argument("--fuzzy", action="store_true", help="ignore call indices when pairing (fuzzy_match)")
-    p.add_argument("--rule", choices=("ptdbg", "dtype"), default="ptdbg",
-                   help="verdict rule: ptdbg's default, or dtype-aware assert_close tolerances")
+    p.add_argument("--rule", choices=("judge", "ptdbg", "dtype"), default="judge",
+                   help="verdict: judge (default: every call replayed against a float64 oracle; "
+                        "fails on a root cause or unusable data), or the per-tensor rules ptdbg "
+                        "(ptdbg's cosine/abs error) and dtype (assert_close tolerances)")
     p.add_argument("--stack", action="store_true", help="add NPU_Stack_Info to the CSV (stack_mode)")
     p.add_argument("--distributed", action="store_true",
                    help="NPU and bench are step folders of rank<N> folders: compare rank by rank")
     p.add_argument("--no-replay", action="store_true",
-                   help="do not re-run the top suspects from the saved inputs (full compare only)")
+                   help="do not replay the calls from the saved inputs: judge from statistics "
+                        "(no torch needed)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the result line")
     p.set_defaults(func=run_compare)
     return p
@@ -130,7 +133,8 @@ def _one_line(exc: BaseException) -> str:
 def run_compare(args: argparse.Namespace) -> int:
     from pytest_ptdbg.api import compare, compare_distributed
 
-    kw = dict(stack_mode=args.stack, fuzzy_match=args.fuzzy, rule=args.rule,
+    kw = dict(stack_mode=args.stack, fuzzy_match=args.fuzzy,
+              rule=None if args.rule == "judge" else args.rule,
               replay_check=not args.no_replay)
     try:
         for path in (args.npu, args.bench):

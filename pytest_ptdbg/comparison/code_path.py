@@ -11,7 +11,9 @@ the gradient it produced against the gradient it received (backward).
   :data:`REORDERING` calls are not classified from statistics). The backward of a bookkeeping
   call is bookkeeping too when the gradient it produced is the incoming one rounded to its
   dtype (the input of ``.float()`` was bf16, so its gradient is).
-- ``value-changing``: the output differs from the input (a cast to lower precision, an extra op).
+- ``value-changing``: the output differs from the input (a cast to lower precision, an extra op),
+  or (:func:`new_half_precision`) a lossless cast to a 16-bit float dtype that no earlier call of
+  that side produced: what follows computes in a precision the run did not use before.
 - ``""``: cannot be classified (no data, several outputs, a size change): the row stays unusable.
 """
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Any, Callable, Optional, Tuple
 from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison.arguments import is_scalar_record
 
-__all__ = ["BOOKKEEPING", "VALUE_CHANGING", "REORDERING", "classify", "stats_relation"]
+__all__ = ["BOOKKEEPING", "VALUE_CHANGING", "REORDERING", "classify", "stats_relation",
+           "new_half_precision", "output_dtypes"]
 
 BOOKKEEPING = "bookkeeping"
 VALUE_CHANGING = "value-changing"
@@ -127,3 +130,23 @@ def classify(api: Any, summary: bool, forward_kind: str = "",
     if narrower:
         return VALUE_CHANGING, f"value-changing: a cast to lower precision ({cast}) on this side only"
     return VALUE_CHANGING, f"value-changing: {what} differs from {against} ({how}; {cast})"
+
+
+_HALF = frozenset({"torch.float16", "torch.bfloat16", "float16", "bfloat16"})
+
+
+def output_dtypes(api: Any) -> set:
+    """The floating dtypes of a call's output tensors."""
+    return {str(t.dtype) for t in api.tensors if t.io == "output" and _bits(str(t.dtype))}
+
+
+def new_half_precision(api: Any, earlier: set) -> str:
+    """The 16-bit float dtype a forward call's output introduces (``""`` if none): a dtype of
+    :data:`_HALF` that is not among ``earlier``, the output dtypes of that side's earlier calls.
+    A lossless ``.to(torch.float16)`` on one side only is such a call: its values survive, but what
+    follows computes in float16, which the run did not use before (under bf16 autocast, a cast to
+    bf16 introduces nothing new)."""
+    if api.direction != "forward":
+        return ""
+    new = sorted(d for d in output_dtypes(api) if d in _HALF and d not in earlier)
+    return new[0] if new else ""

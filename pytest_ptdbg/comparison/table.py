@@ -125,14 +125,56 @@ def _code_paths(steps, summary: bool) -> dict:
     """``{(side, API key): (kind, message)}`` for every call recorded on one side only."""
     one = [("NPU", na) if na is not None else ("bench", ba) for na, ba in steps if (na is None) != (ba is None)]
     one.sort(key=lambda sa: sa[1].direction == "backward")   # forwards first: backwards read them
+    load = None if summary else _loader
     kinds: dict = {}
+    paired_forwards: Optional[dict] = None
+    earlier: Optional[dict] = None
     for side, api in one:
         fwd = ""
         for bw, fw in (("_backward", "_forward"), (".backward", ".forward")):
-            if api.key.endswith(bw):
-                fwd = kinds.get((side, api.key[: -len(bw)] + fw), ("", ""))[0]
-        kinds[(side, api.key)] = CP.classify(api, summary, fwd, None if summary else _loader)
+            if not api.key.endswith(bw):
+                continue
+            fkey = api.key[: -len(bw)] + fw
+            if (side, fkey) in kinds:
+                fwd = kinds[(side, fkey)][0]
+                continue
+            # the forward ran on both sides (an autocast .float() of a bf16 value pairs with the
+            # bench's no-op .float(), whose backward does not exist): it passes the gradient back
+            # rounded to its input's dtype when its own forward kept the values
+            if paired_forwards is None:
+                paired_forwards = {(sd, a.key): a for na, ba in steps if na is not None and ba is not None
+                                   for sd, a in (("NPU", na), ("bench", ba))}
+            f_api = paired_forwards.get((side, fkey))
+            if f_api is not None:
+                fwd = CP.classify(f_api, summary, "", load)[0]
+        kind, why = CP.classify(api, summary, fwd, load)
+        if kind == CP.BOOKKEEPING and api.direction == "forward":
+            if earlier is None:
+                earlier = _earlier_dtypes(steps, {id(a) for _, a in one})
+            half = CP.new_half_precision(api, earlier.get(id(api), set()))
+            if half:
+                kind, why = CP.VALUE_CHANGING, (f"value-changing: a cast to {half} on this side only; its "
+                                                f"values survive, but what follows computes in {half}, "
+                                                "which no earlier call used")
+        kinds[(side, api.key)] = (kind, why)
     return kinds
+
+
+def _earlier_dtypes(steps, wanted: set) -> dict:
+    """``{id(api): output float dtypes of that side's forward calls before it}`` for the calls in
+    ``wanted`` (one pass over the aligned sequence)."""
+    seen = (set(), set())
+    out: dict = {}
+    for pair in steps:
+        for k in (0, 1):
+            a = pair[k]
+            if a is None:
+                continue
+            if id(a) in wanted:
+                out[id(a)] = set(seen[k])
+            if a.direction == "forward":
+                seen[k].update(CP.output_dtypes(a))
+    return out
 
 
 _NAN4 = (math.nan, math.nan, math.nan, math.nan)

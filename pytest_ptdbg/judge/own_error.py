@@ -74,6 +74,8 @@ class CallVerdict:
     compute_dtype: str = ""
     bench_arguments: bool = False    # replayed with the bench's recorded arguments
     changed_args: List[str] = field(default_factory=list)
+    #: the dtype arguments among ``changed_args`` that lower the call's precision (:func:`lowered_precision`)
+    lowered_precision: List[str] = field(default_factory=list)
     ctx: str = ""
     #: every floating output equals one of its inputs value for value (a cast that loses nothing,
     #: a copy, a view): what a call on one side only does when it is bookkeeping
@@ -517,12 +519,13 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
         return [_verdict(r, Status.NOT_JUDGED, "statistics only (no saved tensors)") for r in recs]
 
     # the bench's arguments, when the pairing matched this call to the same API with the same tensors
-    use, changed, from_bench = spec, [], False
+    use, changed, lowered, from_bench = spec, [], [], False
     bspec = _call_spec(bench_fwd)
     if bspec is not None and bench_fwd.family == fwd.family and set(_tensor_refs(bspec)) <= set(call.arrays):
-        changed = changed_arguments(spec, bspec) + lowered_precision(spec, bspec, seen)
+        lowered = lowered_precision(spec, bspec, seen)
+        changed = changed_arguments(spec, bspec) + lowered
         use, from_bench = bspec, True
-    extra = dict(bench_arguments=from_bench, changed_args=changed)
+    extra = dict(bench_arguments=from_bench, changed_args=changed, lowered_precision=lowered)
     if special is not None and special.treatment == NJ.Treatment.DUPLICATES:
         dim = NJ.dim_arg(special, spec)
         idx = [call.arrays[k] for k in needed if call.arrays[k].dtype.kind in "iu"]

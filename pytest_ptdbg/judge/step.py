@@ -219,7 +219,8 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
         if cp == "bookkeeping":
             continue
         if cp == "value-changing":
-            add(RootCause(apis[i], direction[i], Cause.ONE_SIDED, f"only on the {side} side, and it changes values",
+            why = msg[i].split("; ", 1)[-1] if "value-changing" in msg[i] else "it changes values"
+            add(RootCause(apis[i], direction[i], Cause.ONE_SIDED, f"only on the {side} side: {why}",
                           int(order[i]), first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i]))
             continue
         if unusable[i] or not has_code_path:
@@ -235,8 +236,12 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
                 add(RootCause(v.api, v.direction, Cause.NONFINITE if v.nonfinite else Cause.OVER_BUDGET,
                               v.text().split(": ", 1)[-1], v.order, row, v.family, v.ratio, v.own_error,
                               v.budget, ctx=v.ctx))
-            if v.changed_args and not has_arg_col:
-                add(RootCause(v.api, v.direction, Cause.CHANGED_ARGUMENT, "; ".join(v.changed_args),
+            # the compare stage's argument rows replace this comparison, except for dtype
+            # arguments: it lists those as following the run's precision, the judge knows when a
+            # dtype lowers the call's precision below anything computed before
+            changed = v.changed_args if not has_arg_col else list(getattr(v, "lowered_precision", []) or [])
+            if changed:
+                add(RootCause(v.api, v.direction, Cause.CHANGED_ARGUMENT, "; ".join(changed),
                               v.order, row, v.family, ctx=v.ctx))
     first_in = _inputs_differ(table)
     if first_in is not None:

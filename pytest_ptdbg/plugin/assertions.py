@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from pytest_ptdbg.comparison.schema import is_summary
 from pytest_ptdbg.comparison.verdict import Thresholds
@@ -38,6 +38,8 @@ class Evaluation:
     compare_result: Any = None
     #: failing rows whose data could not be used (``_unusable``): no threshold passes them
     n_unusable: int = 0
+    #: the judgement's root causes (rule ``judge``), ignored APIs left out
+    root_causes: List[Any] = field(default_factory=list)
 
     @property
     def first_suspect(self) -> Any:
@@ -92,8 +94,9 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
     table = cmp.table
     advice = cmp.advice
     used = getattr(result, "settings", None)
-    if used is None:  # a plain CompareResult: the rule its table was judged by, default thresholds
-        used = Settings(rule=str(getattr(table, "attrs", {}).get("rule", "ptdbg")))
+    if used is None:  # a plain CompareResult: what gated it (the judgement, or its table's rule)
+        gate = getattr(cmp, "gate", None)
+        used = Settings(rule="judge" if gate == "judge" else str(getattr(table, "attrs", {}).get("rule", "ptdbg")))
     base = settings or used
     s = per_test(base, overrides, "assert_precision(...)") if overrides else base
     rejudge = used.rule != s.rule or dict(used.thresholds) != dict(s.thresholds)
@@ -110,18 +113,45 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
             if "Accuracy Reached or Not" in table.columns:
                 table.loc[ignored, "Accuracy Reached or Not"] = ""
         advice = advise_table(table, advice)
-    passed_col = table["_passed"].astype(bool).to_numpy() if len(table) else np.ones(0, bool)
-    failing = ~passed_col
-    worst = _worst(table, ~ignored)
     problems = list(getattr(cmp, "problems", []) or [])   # unusable data: never a pass
-    unusable = failing & (table["_unusable"].fillna(False).astype(bool).to_numpy()
-                          if "_unusable" in table.columns else np.zeros(len(table), bool))
-    # thresholds that would pass: only when every failure is a threshold matter
-    needed = _needed(table[failing], s) if failing.any() and not unusable.any() and not problems else {}
-    return Evaluation(passed=not failing.any() and not problems, table=table, advice=advice, settings=s,
+    unusable_col = (table["_unusable"].fillna(False).astype(bool).to_numpy()
+                    if "_unusable" in table.columns else np.zeros(len(table), bool))
+    worst = _worst(table, ~ignored)
+    causes: List[Any] = []
+    if s.rule == "judge":
+        failing, causes, judged = _judged_failing(cmp, table, ignored, unusable_col)
+        unusable = failing & unusable_col
+        needed: Dict[str, float] = {}
+        passed = judged and not failing.any() and not causes and not problems
+    else:
+        passed_col = table["_passed"].astype(bool).to_numpy() if len(table) else np.ones(0, bool)
+        failing = ~passed_col
+        unusable = failing & unusable_col
+        # thresholds that would pass: only when every failure is a threshold matter
+        needed = _needed(table[failing], s) if failing.any() and not unusable.any() and not problems else {}
+        passed = not failing.any() and not problems
+    return Evaluation(passed=passed, table=table, advice=advice, settings=s,
                       compare_result=cmp,
                       n_failed=int(failing.sum()), n_ignored=int(ignored.sum()), worst=worst,
-                      needed=needed, problems=problems, n_unusable=int(unusable.sum()))
+                      needed=needed, problems=problems, n_unusable=int(unusable.sum()),
+                      root_causes=causes)
+
+
+def _judged_failing(cmp: Any, table: Any, ignored: Any, unusable: Any) -> Tuple[Any, List[Any], bool]:
+    """Under compare()'s judgement: ``(failing rows, root causes, judged)`` with the ignored
+    APIs left out. Failing rows are the unusable ones and every row of a root-cause API;
+    ``judged`` is False when the result carries no judgement (then nothing passes)."""
+    import numpy as np
+
+    judgement = getattr(cmp, "judgement", None)
+    if judgement is None:
+        return np.ones(len(table), bool), [], False
+    apis = table["_api"].astype(str).to_numpy() if len(table) else np.array([], dtype=object)
+    left_out = set(apis[ignored]) - set(apis[~ignored])
+    causes = [rc for rc in judgement.root_causes if str(rc.api) not in left_out]
+    cause_apis = {str(rc.api) for rc in causes}
+    failing = (unusable & ~ignored) | np.isin(apis, list(cause_apis))
+    return failing, causes, True
 
 
 def _rejudge(cmp: Any, s: Settings) -> Any:
@@ -268,8 +298,14 @@ def failure_message(ev: Evaluation, result: Any) -> str:
     if hasattr(result, "device"):
         who = f" ({result.device}{' ' + s.dtype if s.dtype != 'float32' else ''} vs " \
               f"{result.bench_label})"
-    lines.append(f"precision check failed{who}: {ev.n_failed} tensor(s) out of tolerance under "
-                 f"the {s.rule} rule")
+    if s.rule == "judge":
+        lines.append(f"precision check failed{who}: {len(ev.root_causes)} root cause(s) found by the "
+                     "judgement (each call replayed against a float64 oracle)")
+        for rc in ev.root_causes[:5]:
+            lines.append(f"  - {rc.api} [{getattr(rc.cause, 'value', rc.cause)}] {rc.detail}")
+    else:
+        lines.append(f"precision check failed{who}: {ev.n_failed} tensor(s) out of tolerance under "
+                     f"the {s.rule} rule")
     if ev.n_unusable or ev.problems:
         lines.append(f"unusable data (no threshold passes it): {ev.n_unusable} row(s) not comparable "
                      f"(unpaired, unreadable, shape or dtype class changed), {len(ev.problems)} problem(s)")

@@ -29,6 +29,8 @@ def to_thresholds(settings: Settings) -> Any:
 def effective_thresholds(settings: Settings) -> Dict[str, Any]:
     """The thresholds in force for the settings' rule, for messages."""
     th = to_thresholds(settings)
+    if settings.rule == "judge":
+        return {}
     if settings.rule == "ptdbg":
         return {k: getattr(th, k) for k in _PTDBG_KEYS}
     out: Dict[str, Any] = {}
@@ -48,7 +50,8 @@ def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> An
     from pytest_ptdbg.api import compare
 
     return compare(params, out_dir, stack_mode=True, auto_analyze=True, fuzzy_match=False,
-                   rule=settings.rule, thresholds=to_thresholds(settings))
+                   rule=None if settings.rule == "judge" else settings.rule,
+                   thresholds=to_thresholds(settings))
 
 
 def advise_table(table: Any, previous: Any = None) -> Any:

@@ -18,7 +18,11 @@ DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32",
           "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16", "half": "float16"}
 KEEP = ("failed", "all", "none")
-RULES = ("ptdbg", "dtype")
+#: ``judge``: compare()'s default judgement (every call replayed against a float64 oracle; a step
+#: fails on a root cause or unusable data); ``ptdbg`` / ``dtype``: the per-tensor threshold rules
+RULES = ("judge", "ptdbg", "dtype")
+#: thresholds of the dtype rule; any other threshold belongs to the ptdbg rule
+DTYPE_THRESHOLDS = ("rtol", "atol", "max_fail_fraction")
 RANDOM = ("cpu", "native")
 #: dump modes of ``PrecisionDebugger.configure_hook`` a test may ask for (``stack`` writes no
 #: tensors and ``acl`` needs an ACL config: neither gives two dumps to compare)
@@ -50,7 +54,7 @@ class Settings:
     device: str = "auto"
     bench: str = "cpu"
     dtype: str = "float32"
-    rule: str = "ptdbg"
+    rule: str = "judge"
     thresholds: Mapping[str, float] = field(default_factory=dict)
     keep: str = "failed"
     summary_only: bool = False
@@ -93,8 +97,10 @@ _OPTIONS = (
     _Opt("bench", "str", "reference (bench) device: cpu, cuda, npu [ini: ptdbg_bench; default cpu]"),
     _Opt("dtype", "str", "autocast dtype on the device under test: float32 (no autocast), bfloat16, "
          "float16 [ini: ptdbg_dtype; default float32]", tuple(DTYPES)),
-    _Opt("rule", "str", "verdict rule: ptdbg (cosine/abs error, ptdbg's defaults) or dtype "
-         "(assert_close tolerances of the lower-precision dtype) [ini: ptdbg_rule; default ptdbg]",
+    _Opt("rule", "str", "verdict: judge (every call replayed against a float64 oracle; fails on a "
+         "root cause or unusable data), or the per-tensor threshold rules ptdbg (cosine/abs error) "
+         "and dtype (assert_close tolerances of the lower-precision dtype); a threshold given "
+         "without a rule selects its rule [ini: ptdbg_rule; default judge]",
          RULES),
     _Opt("keep", "str", "which tests keep their dumps and reports: failed, all, none "
          "[ini: ptdbg_keep; default failed]", KEEP),
@@ -196,6 +202,9 @@ def _validate(settings: Settings, where: str) -> Settings:
         raise ValueError(f"{where}: dtype={settings.dtype!r}; allowed: float32, bfloat16, float16")
     if settings.rule not in RULES:
         raise ValueError(f"{where}: rule={settings.rule!r}; allowed: {', '.join(RULES)}")
+    if settings.rule == "judge" and settings.thresholds:  # thresholds are those of a per-tensor rule
+        rule = "dtype" if any(k in DTYPE_THRESHOLDS for k in settings.thresholds) else "ptdbg"
+        settings = replace(settings, rule=rule)
     if settings.random not in RANDOM:
         raise ValueError(f"{where}: random={settings.random!r}; allowed: {', '.join(RANDOM)}")
     if settings.unused not in UNUSED:

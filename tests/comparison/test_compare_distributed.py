@@ -64,7 +64,8 @@ def test_an_unreadable_rank_is_named_and_the_others_compared(tmp_path):
 def test_sixteen_ranks_in_worker_processes_with_per_rank_progress(tmp_path, capsys):
     npu = _ranks(str(tmp_path / "npu"), {r: ("backward" if r == 11 else None) for r in range(16)})
     bench = _ranks(str(tmp_path / "bench"), {r: None for r in range(16)})
-    res = compare_distributed(npu, bench, str(tmp_path / "out"), workers=2, replay_check=False)
+    # ptdbg's rule as the gate, as in test_two_ranks_one_diverging (no calls to replay)
+    res = compare_distributed(npu, bench, str(tmp_path / "out"), workers=2, replay_check=False, rule="ptdbg")
     assert list(res.results) == [(r, r) for r in range(16)]
     assert res.diverging == [(11, 11)] and res.first_suspect_rank == (11, 11)
     assert res.results[(11, 11)].first_suspect.api == "Torch_relu_0_backward"
@@ -73,6 +74,6 @@ def test_sixteen_ranks_in_worker_processes_with_per_rank_progress(tmp_path, caps
     assert len(lines) == 16 and any("rank11-rank11: diverges" in x for x in lines)
     assert sum("[16/16 ranks]" in x for x in lines) == 1
     serial = compare_distributed(npu, bench, str(tmp_path / "out1"), workers=1, replay_check=False,
-                                 is_print_compare_log=False)
+                                 is_print_compare_log=False, rule="ptdbg")
     assert serial.diverging == res.diverging
     assert capsys.readouterr().out.count("ranks]") == 0   # log off: nothing printed per rank

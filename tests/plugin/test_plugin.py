@@ -92,7 +92,10 @@ def test_failure_message_names_the_suspect_and_hides_internals(tester):
     assert "PrecisionError: precision check failed" in out
     assert "first suspect: Tensor_mul_0_forward" in out
     assert "self.fc1(x) * self.k" in out            # where, in the user's code
-    assert "would have passed with: assert_precision(" in out
+    # the default judgement names the cause; no tolerance passes a root cause, so none is offered
+    assert "root cause(s) found by the judgement" in out
+    assert "Tensor_mul_0_forward [changed argument] other: -1.0 vs 1.0" in out
+    assert "would have passed with" not in out
     assert "advice:" in out and "html:" in out
     assert "plugin_fixture.py" not in out and "plugin_run.py" not in out and \
         "assertions.py" not in out
@@ -148,7 +151,7 @@ def test_bad_option_is_a_usage_error(tester):
     tester.makepyfile(test_d="def test_x(): pass")
     res = tester.runpytest("--ptdbg-rule=fuzzy")
     assert res.ret == pytest.ExitCode.USAGE_ERROR
-    res.stderr.fnmatch_lines(["*rule='fuzzy'; allowed: ptdbg, dtype*"])
+    res.stderr.fnmatch_lines(["*rule='fuzzy'; allowed: judge, ptdbg, dtype*"])
     res = tester.runpytest("--ptdbg-update")    # goldens are off in these sessions
     assert res.ret == pytest.ExitCode.USAGE_ERROR
     res.stderr.fnmatch_lines(["*--ptdbg-golden=none: there is no golden to update*"])

@@ -60,7 +60,8 @@ def _compare(params, out, settings, **kw):
 
 def test_failure_message_and_sufficient_tolerance(dumps):
     params, root = dumps
-    result = compare(params, str(root / "out"), stack_mode=True)
+    # the per-tensor threshold rule (the default judgement offers no tolerance: see below)
+    result = compare(params, str(root / "out"), stack_mode=True, rule="ptdbg")
     with pytest.raises(PrecisionError) as exc:
         assert_precision(result)
     msg = str(exc.value)
@@ -72,6 +73,13 @@ def test_failure_message_and_sufficient_tolerance(dumps):
     loose = Settings(thresholds=ev.needed)
     again = compare(params, str(root / "loose"), rule="ptdbg", thresholds=to_thresholds(loose))
     assert evaluate(again).passed
+    # under the default judgement the same change is a root cause, and no tolerance is offered
+    judged = compare(params, str(root / "judged"), stack_mode=True)
+    with pytest.raises(PrecisionError) as exc:
+        assert_precision(judged)
+    msg = str(exc.value)
+    assert "root cause(s) found by the judgement" in msg and "would have passed with" not in msg
+    assert exc.value.evaluation.root_causes and not exc.value.evaluation.needed
 
 
 def test_ignore_lists_on_a_compare_result(dumps):
@@ -84,7 +92,7 @@ def test_ignore_lists_on_a_compare_result(dumps):
 
 def test_thresholds_on_a_compare_result_judge_its_table_again(sides, dumps):
     params, root = dumps
-    failing = compare(params, str(root / "out3"), replay_check=False)
+    failing = compare(params, str(root / "out3"), replay_check=False, rule="ptdbg")
     with pytest.raises(PrecisionError):
         assert_precision(failing)
     needed = evaluate(failing).needed
@@ -93,7 +101,7 @@ def test_thresholds_on_a_compare_result_judge_its_table_again(sides, dumps):
 
     out, _ = sides
     bf16 = _params(out["bf16"], out["bench"])
-    passing = compare(bf16, str(root / "out4"), replay_check=False)
+    passing = compare(bf16, str(root / "out4"), replay_check=False, rule="ptdbg")
     assert_precision(passing)                           # bf16 rounding passes ptdbg's defaults
     strict = {"cosine": 0.99999, "max_abs": 1e-6}
     with pytest.raises(PrecisionError, match="precision check failed"):
