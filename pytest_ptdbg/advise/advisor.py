@@ -175,8 +175,6 @@ class Advice:
     n_unpaired: int = 0
     #: root-cause calls found (nonfinite, own, unpaired) before ``top`` cut the list
     n_root_causes: int = 0
-    #: the replay check's verdicts (``judge.replay_verdict.ReplayVerdict``), when it ran
-    replay: List[Any] = field(default_factory=list)
     #: the default judgement of the step (``judge.step.StepJudgement``), when compare made one
     judgement: Optional[Any] = None
 
@@ -229,10 +227,6 @@ class Advice:
             more = self.n_inherited - len(inh)
             if more > 0:
                 lines.append(f"  ... and {more} more")
-        if self.replay:
-            from pytest_ptdbg.judge.replay_verdict import replay_section
-
-            lines += ["", replay_section(self.replay).rstrip("\n")]
         if self.judgement is not None:
             lines += ["", self.judgement.text().rstrip("\n")]
         lines += ["", PASS_FRACTION_NOTE]
@@ -247,7 +241,6 @@ class Advice:
             "n_root_causes": self.n_root_causes,
             "first": self.first.api if self.first else None,
             "suspects": [s.to_dict() for s in self.suspects],
-            "replay": [v.to_dict() for v in self.replay],
             "judgement": self.judgement.to_dict() if self.judgement is not None else None,
         }
 

@@ -1,7 +1,7 @@
 """The judge: replay API calls on their recorded inputs, and what a replay may run.
 
 Dumps and reproduction packages travel between people; they are data and never choose what code
-runs. Every replay path (compare's replay check, ``ptdbg replay PACKAGE``, ``ptdbg replay
+runs. Every replay path (compare's judgement, ``ptdbg replay PACKAGE``, ``ptdbg replay
 --script``) resolves the API through the hand-written table of :mod:`pytest_ptdbg.judge.allowlist`
 and rebuilds its arguments with :mod:`pytest_ptdbg.judge.arguments`, which accepts only data
 (tensors from the dump, numbers, sizes, slices, dtypes from a fixed table, strings that a rule per
@@ -11,8 +11,7 @@ Modules: ``allowlist`` (the table), ``arguments`` (data-only decoding), ``packag
 reproduction packages), ``runner`` (replay one call, ``replay``), ``script`` (a standalone
 reproduction script), ``own_error`` (:func:`judge_dump`: every call of one dump by its own error
 against a budget), ``budget`` (the numerical kernels), ``not_judged`` (the one table of calls not
-judged by value), ``step`` (:func:`judge_step`: compare's default verdict), ``replay_check`` and
-``replay_verdict`` (the older re-run of the advisor's top suspects, kept for ``check_apis``).
+judged by value), ``step`` (:func:`judge_step`: compare's default verdict).
 
 Importing this package does not import torch; public names load lazily.
 """

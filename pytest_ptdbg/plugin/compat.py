@@ -55,14 +55,10 @@ def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> An
 
 
 def advise_table(table: Any, previous: Any = None) -> Any:
-    """The advisor's findings for a (filtered or re-judged) table; the replay check's verdicts of
-    ``previous`` (the compare's own advice) are carried over to the suspects they concern."""
+    """The advisor's findings for a (filtered or re-judged) table; the judgement of ``previous``
+    (the compare's own advice) is kept."""
     from pytest_ptdbg.advise.advisor import advise
 
     advice = advise(table)
-    verdicts = getattr(previous, "replay", None)
-    if verdicts:
-        from pytest_ptdbg.advise.replay_merge import apply_replay
-
-        apply_replay(advice, verdicts)
+    advice.judgement = getattr(previous, "judgement", None)
     return advice
