@@ -49,7 +49,8 @@ def entry_line(entry: Dict[str, Any]) -> str:
         parts.append(f"worst: {worst.get('tensor') or worst.get('api')} {metrics}".rstrip())
     elif verdict in ("passed", "failed"):
         parts.append("worst: none (every compared tensor equal)")
-    suspect = entry.get("first_suspect")
+    # a passing comparison has no root cause: its advisor's suspects are only its largest differences
+    suspect = entry.get("first_suspect") if verdict != "passed" else None
     if suspect:
         loc = f" ({suspect['location']})" if suspect.get("location") else ""
         parts.append(f"first suspect: {suspect['api']}{loc}")
