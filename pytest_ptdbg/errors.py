@@ -21,6 +21,7 @@ __all__ = [
     "SinkStop",
     "SinkUsageError",
     "OverflowDetected",
+    "GoldenError",
     "PrecisionError",
 ]
 
@@ -82,6 +83,10 @@ class OverflowDetected(SinkStop, RuntimeError):
     def __init__(self, message: str, events: List[dict]) -> None:
         super().__init__(message)
         self.events = events
+
+
+class GoldenError(PtdbgError, ValueError):
+    """A golden file that cannot be used (names the file and line)."""
 
 
 class PrecisionError(PtdbgError, AssertionError):

@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Set
 
+from pytest_ptdbg.errors import GoldenError
+
 FOLDER = "__ptdbg__"
 SUFFIX = ".golden.jsonl"
 FORMAT = "pytest-ptdbg golden"
@@ -34,10 +36,6 @@ DIGITS = 6
 MAX_BYTES = 64 * 1024 * 1024
 _UNSAFE = re.compile(r"[^A-Za-z0-9._\-=+,]")
 _ARTIFACT_UNSAFE = re.compile(r"[^A-Za-z0-9._\-\[\]=+,]")
-
-
-class GoldenError(ValueError):
-    """A golden file that cannot be used (names the file and line)."""
 
 
 # ------------------------------------------------------------------------------ paths
