@@ -77,6 +77,8 @@ TABLE: Dict[str, Special] = {
     # deterministic unless a probability is given
     "Functional_scaled_dot_product_attention": Special(_P, (4, "dropout_p"), 0.0),
     "Torch_scaled_dot_product_attention": Special(_P, (4, "dropout_p"), 0.0),
+    # nn.MultiheadAttention's function: dropout on the attention weights (11th argument)
+    "Functional_multi_head_attention_forward": Special(_P, (10, "dropout_p"), None),
     # index outputs that are not unique on ties (where the dim argument is, its default)
     **{f"{t}_{n}": Special(_T, (1, "dim"), None) for t in ("Torch", "Tensor")
        for n in ("argmax", "argmin", "max", "min", "median", "nanmedian", "cummax", "cummin")},

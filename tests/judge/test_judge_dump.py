@@ -71,3 +71,25 @@ def test_full_device_dump_against_a_statistics_only_golden_is_judged_by_replay(d
     ok = dict(param, npu_pkl_path=pkl(dumps["clean"]), npu_dump_data_dir=data(dumps["clean"]))
     assert compare(ok, str(tmp_path / "ok")).passed
     assert os.path.exists(r.advisor_path)
+
+
+def test_multihead_attention_with_dropout_is_not_judged_without_a_generator_state(tmp_path):
+    """nn.TransformerEncoderLayer in training: F.multi_head_attention_forward drops attention
+    weights (dropout_p=0.1) that a replay cannot draw again; a clean step has no root cause, the
+    attention calls are listed as not judged, the rest is judged."""
+    from pytest_ptdbg import PrecisionDebugger
+    from pytest_ptdbg.format import records
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.1)
+    x = torch.randn(6, 2, 32)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), step=[0])
+    dbg.configure_hook(mode="api_stack")
+    dbg.start()
+    layer(layer(x)).sum().backward()   # the second call's inputs require grad
+    dbg.stop()
+    j = judge_dump(records.rank_dir(str(tmp_path)))
+    assert j.passed and not j.root_causes, j.text()
+    mha = [v for v in j.not_judged if v.family == "Functional_multi_head_attention_forward"]
+    assert len(mha) == 4 and all("dropout_p=0.1" in v.reason for v in mha), j.text()
+    assert any(v.family == "Functional_linear" and str(v.status) == "within budget" for v in j.verdicts)
