@@ -299,8 +299,11 @@ def failure_message(ev: Evaluation, result: Any) -> str:
         who = f" ({result.device}{' ' + s.dtype if s.dtype != 'float32' else ''} vs " \
               f"{result.bench_label})"
     if s.rule == "judge":
+        judgement = getattr(cmp, "judgement", None)
+        how = ("judged from statistics: no full tensors to replay" if getattr(judgement, "by_statistics", False)
+               else "each call replayed against a float64 oracle")
         lines.append(f"precision check failed{who}: {len(ev.root_causes)} root cause(s) found by the "
-                     "judgement (each call replayed against a float64 oracle)")
+                     f"judgement ({how})")
         for rc in ev.root_causes[:5]:
             lines.append(f"  - {rc.api} [{getattr(rc.cause, 'value', rc.cause)}] {rc.detail}")
     else:
