@@ -255,6 +255,14 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
         by_stats = True
         for rc in statistics_causes(table):
             add(rc)
+    elif replay is not None and statistics and n:
+        # calls the replay could not judge (an API outside the allowlist, no call spec, no saved
+        # tensors) are not passed unseen: their statistics judge them, as in a statistics compare
+        judged = {v.api for v in replay.verdicts if str(v.status) != "not judged"}
+        for rc in statistics_causes(table):
+            if rc.api not in judged:
+                rc.detail = f"{rc.detail} (judged from statistics: the replay could not judge this call)"
+                add(rc)
 
     def key(rc: RootCause) -> tuple:
         row = rc.row if rc.row >= 0 else first_row.get(rc.api, n)

@@ -93,3 +93,42 @@ def test_multihead_attention_with_dropout_is_not_judged_without_a_generator_stat
     mha = [v for v in j.not_judged if v.family == "Functional_multi_head_attention_forward"]
     assert len(mha) == 4 and all("dropout_p=0.1" in v.reason for v in mha), j.text()
     assert any(v.family == "Functional_linear" and str(v.status) == "within budget" for v in j.verdicts)
+
+
+def _relu_times(k):
+    def make(orig):
+        def relu(*args, **kwargs):
+            ts = tuple(a for a in args if isinstance(a, torch.Tensor))
+            if torch.overrides.has_torch_function(ts):
+                return torch.overrides.handle_torch_function(relu, ts, *args, **kwargs)
+            out = orig(*args, **kwargs)
+            with torch._C.DisableTorchFunction():
+                return out * k
+        relu.__module__ = "torch"
+        return relu
+    return make
+
+
+def test_a_call_the_replay_cannot_judge_is_judged_from_its_statistics(tmp_path, monkeypatch):
+    """A faulty API outside the replay allowlist (here relu, taken out of the table) must not pass
+    unseen: the calls around it are right for their own inputs, so only its statistics show it."""
+    from pytest_ptdbg.judge import allowlist
+
+    clean = dump_one_step(tmp_path / "clean").rank_dir
+    bad = dump_one_step(tmp_path / "bad", around=lambda: patched(torch, "relu", _relu_times(1.05)(torch.relu))).rank_dir
+    for key in [k for k in allowlist.REPLAYABLE if k.endswith("_relu")]:
+        monkeypatch.delitem(allowlist.REPLAYABLE, key)
+
+    def param(npu):
+        return {"npu_pkl_path": os.path.join(npu, "api_stack_dump.pkl"),
+                "npu_dump_data_dir": os.path.join(npu, "api_stack_dump"),
+                "bench_pkl_path": os.path.join(clean, "api_stack_dump.pkl"),
+                "bench_dump_data_dir": os.path.join(clean, "api_stack_dump"), "is_print_compare_log": False}
+
+    r = compare(param(bad), str(tmp_path / "out"))
+    relu = [v for v in r.judgement.replay.not_judged if v.family == "Torch_relu"]
+    assert relu, r.judgement.text()                       # the replay could not judge it ...
+    assert not r.passed                                   # ... and the step still fails, on it
+    assert r.judgement.first.api == "Torch_relu_0_forward", r.judgement.text()
+    assert "judged from statistics" in r.judgement.first.detail
+    assert compare(param(clean), str(tmp_path / "ok")).passed
