@@ -34,6 +34,7 @@ from torch.utils.hooks import RemovableHandle as _Handle
 
 from pytest_ptdbg.capture import names
 from pytest_ptdbg.capture.sink import ApiCall, SinkStop, iter_tensors, outputs_of, report_internal_error
+from pytest_ptdbg.format.gc_pause import freeze_heap, thaw_heap
 
 __all__ = ["CaptureEngine"]
 
@@ -119,6 +120,7 @@ class CaptureEngine:
         #: gradients of the inputs can be tapped on the API's own autograd nodes (no aliases)
         self._node_ok: Dict[Any, bool] = {}
         self._bw_of: Any = None  # (sinks list, its sinks that want backward)
+        self._frozen = False  # the heap as at start() is frozen for the collector (format/gc_pause.py)
 
     # -- start / stop ------------------------------------------------------------------------
     def start(self) -> None:
@@ -130,6 +132,10 @@ class CaptureEngine:
         self._mode = _Mode(self)
         self._mode.__enter__()
         self.started = True
+        try:
+            self._frozen = freeze_heap()
+        except Exception as e:  # pragma: no cover - gc calls do not fail
+            report_internal_error("capture gc freeze", e)
         self.opt_depth = 0
         self.depth = 0
         try:
@@ -165,6 +171,8 @@ class CaptureEngine:
             for owner, attr, orig in reversed(self._patched):
                 setattr(owner, attr, orig)
             self._patched.clear()
+            frozen, self._frozen = self._frozen, False
+            thaw_heap(frozen)
 
     def reset_step(self) -> None:
         """New step: call counters and the execution order start again from 0."""

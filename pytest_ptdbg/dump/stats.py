@@ -174,13 +174,11 @@ def batch_stats(tensors: list, names: list, shapes: list) -> list:
             g = groups[t.dtype] = []
         g.append(i)
     for dtype, idx in groups.items():
-        parts = [tensors[i].reshape(-1) for i in idx]
-        flat = torch.cat(parts) if len(parts) > 1 else parts[0]
+        flat, counts = _concat([tensors[i] for i in idx])
         if dtype not in _WIDE:
             flat = flat.float()
         a = flat.numpy()
-        counts = np.fromiter((p.numel() for p in parts), dtype=np.int64, count=len(parts))
-        starts = np.zeros(len(parts), dtype=np.int64)
+        starts = np.zeros(len(idx), dtype=np.int64)
         np.cumsum(counts[:-1], out=starts[1:])
         mx = np.maximum.reduceat(a, starts)
         mn = np.minimum.reduceat(a, starts)
@@ -205,6 +203,49 @@ def batch_stats(tensors: list, names: list, shapes: list) -> list:
             else:
                 out[i] = TensorStats(names[i], shapes[i], [mxl[j], mnl[j], meanl[j], l2l[j]], 0, 0)
     return out
+
+
+def _concat(parts: list) -> Tuple[torch.Tensor, np.ndarray]:
+    """The elements of same-dtype tensors one after the other in a 1-D tensor (each in its
+    row-major order, as ``t.reshape(-1)`` gives them), and each one's element count.
+
+    Tensors whose shapes agree after the first dimension go through one ``torch.cat`` (0-d ones
+    through one ``torch.stack``) instead of a ``reshape`` each: a per-tensor call costs more than
+    copying a small tensor's elements."""
+    n = len(parts)
+    if n == 1:
+        t = parts[0]
+        return t.reshape(-1), np.array([t.numel()], dtype=np.int64)
+    shapes = [t.shape for t in parts]
+    first = shapes[0]
+    tail = first[1:]
+    if all(s[1:] == tail and len(s) == len(first) for s in shapes):
+        flat = torch.stack(parts) if not first else torch.cat(parts)
+        if first and len(first) > 1:
+            flat = flat.reshape(-1)
+        if not first:
+            counts = np.ones(n, dtype=np.int64)
+        else:
+            inner = 1
+            for d in tail:
+                inner *= d
+            counts = np.fromiter((s[0] * inner for s in shapes), dtype=np.int64, count=n)
+        return flat, counts
+    # mixed shapes: one cat per shape class, then the pieces put back in their order
+    classes: dict = {}
+    for i, s in enumerate(shapes):
+        classes.setdefault((len(s), s[1:]), []).append(i)
+    pieces: list = [None] * n
+    for members in classes.values():
+        sub = [parts[i] for i in members]
+        if len(sub) == 1:
+            pieces[members[0]] = sub[0].reshape(-1)
+            continue
+        flat_c, counts_c = _concat(sub)
+        for i, piece in zip(members, torch.split(flat_c, counts_c.tolist())):
+            pieces[i] = piece
+    counts = np.fromiter((p.numel() for p in pieces), dtype=np.int64, count=n)
+    return torch.cat(pieces), counts
 
 
 def dtype_name(dtype: Any) -> str:

@@ -293,7 +293,10 @@ class RankWriter:
             self._report()
             return  # the manifest on disk says this already (stop() then step())
         try:
-            manifest.write_manifest(self.pkl_path, self.lines, self.failure is None, self.failure)
+            try:  # the manifest _make wrote, updated in place (no rename: see rewrite_manifest)
+                manifest.rewrite_manifest(self.pkl_path, self.lines, self.failure is None, self.failure)
+            except FileNotFoundError:
+                manifest.write_manifest(self.pkl_path, self.lines, self.failure is None, self.failure)
             self._manifest_state = state
         except Exception as e:  # noqa: BLE001 - a missing manifest already makes compare fail
             self._fail(e, manifest.manifest_path(self.pkl_path))

@@ -31,6 +31,7 @@ __all__ = [
     "manifest_path",
     "manifest_text",
     "write_manifest",
+    "rewrite_manifest",
     "read_manifest",
     "judge_completeness",
 ]
@@ -83,6 +84,28 @@ def write_manifest(pkl_path: str, records: int, complete: bool = True, reason: O
         except OSError:
             pass
         raise
+    return path
+
+
+def rewrite_manifest(pkl_path: str, records: int, complete: bool = True, reason: Optional[str] = None) -> str:
+    """Update an existing manifest in place (one ``pwrite`` from offset 0, then cut to length);
+    its path. Raises OSError, FileNotFoundError when there is none yet (then use
+    :func:`write_manifest`).
+
+    A writer updates its manifest at every ``stop()``; renaming a new file over the old one makes
+    ext4 flush the file at once (``auto_da_alloc``), about 0.5 ms here, against 15 us in place. A
+    process killed between the write and the cut leaves old bytes after the new text: the file is
+    then not valid JSON, which compare fails as unreadable, never as complete."""
+    path = manifest_path(pkl_path)
+    data = manifest_text(os.path.basename(pkl_path), records, complete, reason).encode()
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        done = 0
+        while done < len(data):
+            done += os.pwrite(fd, data[done:], done)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
     return path
 
 
