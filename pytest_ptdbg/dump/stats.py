@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
-__all__ = ["TensorStats", "tensor_stats", "special_stats", "scalar_stats", "batch_stats", "BATCH_DTYPES",
+__all__ = ["TensorStats", "tensor_stats", "special_stats", "scalar_stats", "batch_stats", "batch_stat_columns", "BATCH_DTYPES",
            "StatsCache", "SHARED_CACHE"]
 
 _WIDE = (torch.float32, torch.float64)
@@ -166,15 +166,31 @@ def batch_stats(tensors: list, names: list, shapes: list) -> list:
     sum and square sum accumulate in float64 (so no finite float32/16 value overflows); NaN and
     Inf are counted only in tensors whose statistics are not finite, as :func:`tensor_stats` does.
     """
-    out: list = [None] * len(tensors)
+    mx, mn, mean, l2, nan, inf, _ = batch_stat_columns(tensors)
+    return [TensorStats(names[i], shapes[i], [mx[i], mn[i], mean[i], l2[i]], nan[i], inf[i])
+            for i in range(len(tensors))]
+
+
+def batch_stat_columns(tensors: list) -> Tuple[list, list, list, list, list, list, list]:
+    """:func:`batch_stats` as columns: ``(max, min, mean, l2norm, nan, inf, finite)``, one list
+    entry per tensor (``finite``: all four statistics are finite), without a record object each."""
+    n_all = len(tensors)
+    mx_o: list = [0.0] * n_all
+    mn_o: list = [0.0] * n_all
+    mean_o: list = [0.0] * n_all
+    l2_o: list = [0.0] * n_all
+    nan_o: list = [0] * n_all
+    inf_o: list = [0] * n_all
+    ok_o: list = [True] * n_all
     groups: dict = {}
     for i, t in enumerate(tensors):
         g = groups.get(t.dtype)
         if g is None:
             g = groups[t.dtype] = []
         g.append(i)
+    single = len(groups) == 1
     for dtype, idx in groups.items():
-        flat, counts = _concat([tensors[i] for i in idx])
+        flat, counts = _concat(tensors if single else [tensors[i] for i in idx])
         if dtype not in _WIDE:
             flat = flat.float()
         a = flat.numpy()
@@ -189,20 +205,22 @@ def batch_stats(tensors: list, names: list, shapes: list) -> list:
             l2 = np.sqrt(sq)
             mean = s / counts
         bad = ~(np.isfinite(mx) & np.isfinite(mn) & np.isfinite(s) & np.isfinite(l2))
-        if bad.any():
-            nans = np.add.reduceat(np.isnan(a).astype(np.int64), starts)
-            infs = np.add.reduceat(np.isinf(a).astype(np.int64), starts)
+        if single:
+            mx_o, mn_o, mean_o, l2_o = mx.tolist(), mn.tolist(), mean.tolist(), l2.tolist()
         else:
-            nans = infs = None
-        mxl, mnl, meanl, l2l = mx.tolist(), mn.tolist(), mean.tolist(), l2.tolist()
-        badl = bad.tolist()
-        for j, i in enumerate(idx):
-            if badl[j]:
-                out[i] = TensorStats(names[i], shapes[i], [mxl[j], mnl[j], meanl[j], l2l[j]],
-                                     int(nans[j]), int(infs[j]))
-            else:
-                out[i] = TensorStats(names[i], shapes[i], [mxl[j], mnl[j], meanl[j], l2l[j]], 0, 0)
-    return out
+            for col, vals in ((mx_o, mx), (mn_o, mn), (mean_o, mean), (l2_o, l2)):
+                for i, v in zip(idx, vals.tolist()):
+                    col[i] = v
+        if bad.any():
+            nans = np.add.reduceat(np.isnan(a).astype(np.int64), starts).tolist()
+            infs = np.add.reduceat(np.isinf(a).astype(np.int64), starts).tolist()
+            for j, b in enumerate(bad.tolist()):
+                if b:
+                    i = idx[j]
+                    nan_o[i] = int(nans[j])
+                    inf_o[i] = int(infs[j])
+                    ok_o[i] = False
+    return mx_o, mn_o, mean_o, l2_o, nan_o, inf_o, ok_o
 
 
 def _concat(parts: list) -> Tuple[torch.Tensor, np.ndarray]:

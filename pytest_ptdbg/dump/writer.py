@@ -39,7 +39,7 @@ from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors, report_intern
 from pytest_ptdbg.dump.call_spec import encode_call_json
 from pytest_ptdbg.dump.select import Selector, filtered_out
 from pytest_ptdbg.format import manifest, records
-from pytest_ptdbg.dump.stats import (BATCH_DTYPES, SHARED_CACHE, TensorStats, batch_stats, dtype_name,
+from pytest_ptdbg.dump.stats import (BATCH_DTYPES, SHARED_CACHE, TensorStats, batch_stat_columns, dtype_name,
                                      scalar_stats, tensor_stats)
 
 __all__ = ["RankWriter", "AsyncRankWriter", "DumpSink", "save_npy", "replace_dir"]
@@ -649,12 +649,36 @@ def _body(st: TensorStats) -> str:
     return body
 
 
+#: shape -> its JSON text (``[4, 64]``): shapes repeat call after call
+_SHAPE_JSON: Dict[Tuple[int, ...], str] = {}
+
+
+def _measured_body(dname: str, shape: Tuple[int, ...], mx: float, mn: float, mean: float, l2: float,
+                   finite: bool, nan: int, inf: int) -> str:
+    """:func:`_body` of batched statistics (``stats.batch_stat_columns``), without a
+    ``TensorStats`` or the cache: the same text."""
+    sj = _SHAPE_JSON.get(shape)
+    if sj is None:
+        sj = str(list(shape))
+        if len(_SHAPE_JSON) < 4096:
+            _SHAPE_JSON[shape] = sj
+    if finite:
+        vals = "[%r, %r, %r, %r]" % (mx, mn, mean, l2)
+    else:
+        vals = "[" + ", ".join([_json_number(v) for v in (mx, mn, mean, l2)]) + "]"
+    return '"%s", %s, %s, {"nan": %d, "inf": %d' % (dname, sj, vals, nan, inf)
+
+
 def record_line(key: str, st: TensorStats, rg: Optional[bool], ctx: str, npy: Optional[str],
                 spec: Any) -> str:
     """One tensor record line, identical to ``records.encode_line(records.tensor_record(...))``
     (names, dtypes and file names never need JSON escapes; the call spec, a dict or its JSON text
     from ``call_spec.encode_call_json``, goes in as JSON)."""
-    body = _body(st)
+    return body_line(key, _body(st), rg, ctx, npy, spec)
+
+
+def body_line(key: str, body: str, rg: Optional[bool], ctx: str, npy: Optional[str], spec: Any) -> str:
+    """:func:`record_line` from the record's body text (:func:`_body`)."""
     if rg is not None:
         body += ', "rg": true' if rg else ', "rg": false'
     if ctx:
@@ -702,7 +726,7 @@ class DumpSink(Sink):
     Deferred, batched statistics: a small dense floating CPU tensor (at most :data:`SNAP_NUMEL`
     elements) is *snapshotted* (cloned) at the moment it is recorded (an input at the call's
     entry, an output at its return, a gradient when autograd hands it over), and the statistics
-    of all waiting snapshots are computed together (``stats.batch_stats``) when the queue is
+    of all waiting snapshots are computed together (``stats.batch_stat_columns``) when the queue is
     written: at :data:`QUEUE_MAX` records or :data:`SNAP_MAX_ELEMS` snapshot elements, before
     every ``Distributed``/``NPU`` call, and at ``stop()``/``step()``. Records are therefore true
     as at entry/return (the snapshot is taken then) and go to the ``.pkl`` in their order, in
@@ -974,20 +998,27 @@ class DumpSink(Sink):
         self._slots = {}
         if not snaps:
             return
+        cache = self.cache
         try:
-            res = batch_stats([h[0] for h in snaps], [h[1] for h in snaps], [h[2] for h in snaps])
+            mx, mn, mean, l2, nan, inf, ok = batch_stat_columns([h[0] for h in snaps])
         except Exception as e:  # noqa: BLE001 - one by one instead (tensor_stats never raises)
             report_internal_error("batch statistics", e)
-            res = [tensor_stats(h[0]) for h in snaps]
-        cache = self.cache
-        for h, st in zip(snaps, res):
-            h[6] = st
-            h[0] = None  # the snapshot's memory goes
-            if h[3] is not None:
-                try:
+            for h in snaps:
+                st = tensor_stats(h[0])
+                h[6] = _body(st)
+                h[0] = None
+                if h[3] is not None:
                     cache.put(h[3], h[4], h[5], st)
-                except TypeError:  # pragma: no cover
-                    pass
+            return
+        for j, h in enumerate(snaps):
+            h[0] = None  # the snapshot's memory goes
+            try:
+                h[6] = _measured_body(h[1], h[2], mx[j], mn[j], mean[j], l2[j], ok[j], nan[j], inf[j])
+                if h[3] is not None:
+                    cache.put(h[3], h[4], h[5], TensorStats(h[1], h[2], [mx[j], mn[j], mean[j], l2[j]],
+                                                            nan[j], inf[j]))
+            except Exception as e:  # noqa: BLE001 - its record is dropped when written (h[6] None)
+                report_internal_error("batch statistics record", e, self)
 
     def _write_pending(self) -> None:
         if self._snaps:
@@ -996,13 +1027,15 @@ class DumpSink(Sink):
         if pending:
             self._pending = []
             out = []
+            append = out.append
             for e in pending:
                 if type(e) is str:
-                    out.append(e)
+                    append(e)
                     continue
                 try:
                     h = e[1]
-                    out.append(record_line(e[0], h[6] if type(h) is list else h, e[2], e[3], e[4], e[5]))
+                    # a holder measured in this batch, or the statistics the cache had
+                    append(body_line(e[0], h[6] if type(h) is list else _body(h), e[2], e[3], e[4], e[5]))
                 except Exception as exc:  # noqa: BLE001 - a snapshot measured nowhere: drop it
                     report_internal_error(f"record {e[0]}", exc, self)
             self.writer.write("".join(out))

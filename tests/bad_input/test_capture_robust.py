@@ -489,14 +489,14 @@ def test_internal_error_in_a_record_loses_only_that_record(tmp_path, monkeypatch
     other records."""
     from pytest_ptdbg.dump import writer
 
-    real = writer.record_line
+    real = writer.body_line  # every tensor record line is built by it
 
     def failing(key, *args, **kwargs):
         if "_relu_" in key:
             raise MemoryError("cannot allocate")
         return real(key, *args, **kwargs)
 
-    monkeypatch.setattr(writer, "record_line", failing)
+    monkeypatch.setattr(writer, "body_line", failing)
     plain = _mlp_step(*em.mlp(seed=0))
     dbg = _debugger(tmp_path, "full")
     dbg.start()

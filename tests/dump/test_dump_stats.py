@@ -172,3 +172,37 @@ def test_batch_stats_hand_computed_and_as_tensor_stats():
         assert (ref.dtype, ref.shape, ref.nan, ref.inf) == (st.dtype, st.shape, st.nan, st.inf)
         for a, b in zip(ref.stats, st.stats):
             assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-6)
+
+
+def test_batch_columns_group_shapes_without_changing_order_or_values():
+    """Snapshots concatenated per shape class (1-D, same trailing dims, 0-d stacked, and mixes of
+    them) give every tensor its own elements in row-major order: the same columns as measuring
+    each tensor's ``reshape(-1)`` alone, bit for bit."""
+    from pytest_ptdbg.dump.stats import _concat, batch_stat_columns
+
+    g = torch.Generator().manual_seed(3)
+    batches = [
+        [torch.randn(n, generator=g) for n in (5, 1, 7, 64)],  # one cat
+        [torch.randn(n, 3, generator=g) for n in (2, 4)] + [torch.randn(3, 2, generator=g).t()],
+        [torch.tensor(1.5), torch.tensor(-2.0), torch.tensor(0.25)],  # one stack
+        [torch.tensor(4.0), torch.randn(2, 2, generator=g), torch.randn(6, generator=g),
+         torch.randn(3, 2, generator=g).t().clone(), torch.tensor([7.0, -8.0])],
+    ]
+    for ts in batches:
+        flat, counts = _concat(ts)
+        assert torch.equal(flat, torch.cat([t.reshape(-1) for t in ts]))
+        assert counts.tolist() == [t.numel() for t in ts]
+        mx, mn, mean, l2, nan, inf, ok = batch_stat_columns(ts)
+        for i, t in enumerate(ts):
+            alone = batch_stat_columns([t])  # a batch of one: the tensor's elements alone
+            assert [c[i] for c in (mx, mn, mean, l2, nan, inf, ok)] == [c[0] for c in alone]
+            a = t.reshape(-1).double()
+            assert mx[i] == float(t.max()) and mn[i] == float(t.min())
+            assert mean[i] == pytest.approx(float(a.sum()) / t.numel(), rel=1e-12, abs=1e-15)
+            assert l2[i] == pytest.approx(math.sqrt(float((a * a).sum())), rel=1e-12)
+            assert (nan[i], inf[i], ok[i]) == (0, 0, True)
+    # hand-computed: [1, 2, 3] and [NaN, -inf, 1] in one batch
+    mx, mn, mean, l2, nan, inf, ok = batch_stat_columns(
+        [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([float("nan"), float("-inf"), 1.0])])
+    assert (mx[0], mn[0], mean[0], l2[0], ok[0]) == (3.0, 1.0, 2.0, math.sqrt(14.0), True)
+    assert (nan[1], inf[1], ok[1]) == (1, 1, False)

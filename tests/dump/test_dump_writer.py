@@ -42,6 +42,22 @@ def test_record_line_is_the_reference_encoding(stats, extra):
     assert line == ref
 
 
+@pytest.mark.parametrize("shape, vals, finite, nan, inf", [
+    ((2, 3), [1.5, -2.0, 3e-20, 4.0], True, 0, 0),
+    ((), [0.1, 0.1, 0.1, 0.1], True, 0, 0),
+    ((7,), [float("inf"), float("-inf"), float("nan"), float("inf")], False, 2, 3),
+])
+def test_batched_record_body_is_the_reference_encoding(shape, vals, finite, nan, inf):
+    """The body of a record measured in a batch (no TensorStats built) is the reference text."""
+    from pytest_ptdbg.dump.writer import _body, _measured_body, body_line
+
+    got = _measured_body("torch.bfloat16", shape, *vals, finite, nan, inf)
+    assert got == _body(TensorStats("torch.bfloat16", shape, list(vals), nan, inf))
+    ref = records.encode_line(records.tensor_record("Tensor_mul_0_forward_output.0", "torch.bfloat16", shape, vals,
+                                                    {"nan": nan, "inf": inf, "rg": True}))
+    assert body_line("Tensor_mul_0_forward_output.0", got, True, "", None, None) == ref
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])
 def test_save_npy(tmp_path, dtype):
     t = (torch.arange(12).reshape(3, 4).t() % 3).to(dtype)  # not contiguous
