@@ -2,7 +2,8 @@
 
 ``[max, min, mean, l2norm]`` computed in float32 or wider whatever the tensor's dtype, plus NaN and
 Inf counts. Few passes and no extra host syncs: on CPU numpy's ``max``/``min``, a sum and a BLAS
-dot over the tensor's own memory; elsewhere ``aminmax`` + ``sum`` + ``vector_norm`` stacked and
+dot over the tensor's own memory (a tensor of a million elements or more chunk by chunk, each
+chunk read once into cache for all four); elsewhere ``aminmax`` + ``sum`` + ``vector_norm`` stacked and
 read back with one ``.tolist()``. NaN/Inf are counted only when a statistic is not finite.
 Tensor kinds the fast paths cannot read (sparse, quantized, nested, meta, unsigned 16-64 bit...)
 are summarised by :func:`special_stats` as far as they can be, with a ``note`` saying how; measuring
@@ -80,6 +81,10 @@ def _dense_stats(t: torch.Tensor) -> TensorStats:
     if n == 0:
         return TensorStats(dname, shape, [], 0, 0)
     x = t.detach() if t.requires_grad else t
+    if n >= CHUNKED_MIN and dtype in _CHUNK_DTYPES and x.is_cpu and x.is_contiguous() and not x.is_neg():
+        st = _chunked_stats(x, dname, shape, n)
+        if st is not None:
+            return st
     if dtype in _WIDE and x.is_cpu and x.is_contiguous() and not x.is_neg() and not x.is_conj():
         # the common case, with as few calls as possible: numpy's max/min and BLAS dot are
         # single passes without dispatch overhead; torch's vectorised sum is faster than numpy's
@@ -151,6 +156,47 @@ def _dense_stats(t: torch.Tensor) -> TensorStats:
     if dtype == torch.bool:
         return TensorStats(dname, shape, [bool(mx_v), bool(mn_v), s_v / n, l2], 0, 0)
     return TensorStats(dname, shape, [mx_v, mn_v, s_v / n, l2], 0, 0)
+
+
+#: tensors of at least this many elements are measured chunk by chunk (:func:`_chunked_stats`)
+CHUNKED_MIN = 1 << 20
+#: elements per chunk: 1 MiB of float32, well inside L2 (4 MiB here)
+CHUNK = 1 << 18
+_CHUNK_DTYPES = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
+
+
+def _chunked_stats(x: torch.Tensor, dname: str, shape: Tuple[int, ...], n: int) -> Optional[TensorStats]:
+    """Statistics of a large dense contiguous CPU floating tensor, one chunk of :data:`CHUNK`
+    elements at a time: max, min, sum and square sum of a chunk are read while it is in cache,
+    so memory is read once instead of four times (a 51 M-element float32 tensor: 100 ms whole,
+    52 ms in chunks, here), and bf16/fp16 are widened a chunk at a time (no float32 copy of the
+    whole tensor). Chunk sums and square sums (float32 BLAS dot products of 2^18 elements) are
+    added in float64: the norm's relative error is ~1e-7, where one float32 dot product over 51 M
+    elements was 2e-4 off. None when a statistic is not finite (NaN, Inf, or a square sum that
+    could overflow float32): the whole-tensor path counts and recomputes those."""
+    flat = x.reshape(-1)
+    widen = flat.dtype not in _WIDE
+    maxes = []
+    mins = []
+    s = 0.0
+    sq = 0.0
+    for i in range(0, n, CHUNK):
+        ct = flat[i:i + CHUNK]
+        if widen:
+            ct = ct.float()
+        c = ct.numpy()
+        cmx = float(_MAX(c))
+        cmn = float(_MIN(c))
+        big = cmx if cmx >= -cmn else -cmn
+        if not big * big * c.size < _SQ_SAFE:  # NaN, Inf or values whose squares overflow float32
+            return None
+        maxes.append(cmx)
+        mins.append(cmn)
+        s += float(ct.sum())
+        sq += float(_DOT(c, c))
+    if not (_isfinite(s) and _isfinite(sq)):
+        return None
+    return TensorStats(dname, shape, [max(maxes), min(mins), s / n, _sqrt(sq)], 0, 0)
 
 
 #: dtypes :func:`batch_stats` measures (floating types; every other dtype goes to :func:`tensor_stats`)
