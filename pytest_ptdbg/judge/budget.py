@@ -224,20 +224,29 @@ def check_indices(key: str, device_idx: np.ndarray, oracle_idx: np.ndarray, valu
 def check_dropout(key: str, produced: np.ndarray, source: np.ndarray, p: float, dtype: str) -> OutputCheck:
     """Dropout, structurally: every element of ``produced`` is 0 or ``source / (1 - p)``, within a
     few roundings of ``dtype``. ``own`` counts the elements that are neither."""
-    out = np.asarray(produced, dtype=np.float64)
-    src = np.asarray(source, dtype=np.float64)
-    if out.shape != src.shape:
+    out_, src_ = np.asarray(produced), np.asarray(source)
+    if out_.shape != src_.shape:
         return OutputCheck(key, math.inf, 0.0, 0.0, 0.0, note="shape differs from its input")
-    if p >= 1.0:
-        wrong = np.count_nonzero(out != 0)
-    else:
+    flat_out, flat_src = out_.reshape(-1), src_.reshape(-1)
+    wrong = 0
+    # element by element, so in cache-sized pieces (the same count as over the whole)
+    for i in range(0, max(flat_out.size, 1), _CHUNK):
+        out = flat_out[i:i + _CHUNK].astype(np.float64)
+        if p >= 1.0:
+            wrong += int(np.count_nonzero(out != 0))
+            continue
+        src = flat_src[i:i + _CHUNK].astype(np.float64)
         kept = src / (1.0 - p)
         tol = (4 * unit_roundoff(dtype) * (np.abs(kept) + np.abs(src))
                + 4 * subnormal_spacing(dtype))  # values below the normal range round absolutely
         ok = (out == 0) | (np.abs(out - kept) <= tol) | (np.isnan(out) & np.isnan(src))
-        wrong = np.count_nonzero(~ok)
-    return OutputCheck(key, float(wrong), 0.0, 0.0, float(out.size),
+        wrong += int(np.count_nonzero(~ok))
+    return OutputCheck(key, float(wrong), 0.0, 0.0, float(out_.size),
                        note="elements neither 0 nor input/(1-p)" if wrong else "")
+
+
+#: elements per piece of an element-wise check (a few hundred KB of float64: stays in cache)
+_CHUNK = 1 << 15
 
 
 def has_duplicates(index: np.ndarray, dim: Optional[int]) -> bool:

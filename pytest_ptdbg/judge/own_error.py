@@ -26,6 +26,7 @@ differ are also listed on the verdict (``changed_args``).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -319,6 +320,7 @@ class _Call:
         return v
 
 
+@functools.lru_cache(maxsize=256)  # a handful of dtype names, asked for every tensor
 def _torch_dtype(name: str) -> Any:
     from pytest_ptdbg.judge.allowlist import dtype_of
 
