@@ -330,7 +330,22 @@ def _torch_dtype(name: str) -> Any:
 
 def _run(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bool, cast: Any,
          backward: bool) -> Dict[str, Any]:
-    """One replay: ``{output.i: tensor}`` and, with ``backward``, ``{backward_output.j: grad}``."""
+    """One replay: ``{output.i: tensor}`` and, with ``backward``, ``{backward_output.j: grad}``.
+
+    With ``backward`` the inputs that require grad are autograd leaves, passed to the call as they
+    are (autograd refuses an in-place change of a leaf that requires grad, so a call that would
+    change one fails), and on a failure the call is replayed again with copies of the leaves,
+    which in-place calls may change (the same numbers: a copy's gradient is its leaf's)."""
+    if not backward:
+        return _run_once(func, api, spec, call, dev, oracle, cast, False, True)
+    try:
+        return _run_once(func, api, spec, call, dev, oracle, cast, True, False)
+    except ReplayError:
+        return _run_once(func, api, spec, call, dev, oracle, cast, True, True)
+
+
+def _run_once(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bool, cast: Any,
+              backward: bool, copy_leaves: bool) -> Dict[str, Any]:
     import torch
 
     from pytest_ptdbg.judge import package as pkgmod
@@ -347,7 +362,7 @@ def _run(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bo
                 leaves[key] = t
             if not oracle and cast is not None and t.dtype != cast:
                 t = t.to(cast)
-            elif key in leaves:
+            elif key in leaves and copy_leaves:
                 t = t.clone()
         return t.to(dev) if dev.type != "cpu" else t
 
