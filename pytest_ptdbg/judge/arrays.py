@@ -15,9 +15,10 @@ the data is read straight into the array.
 """
 from __future__ import annotations
 
+import math
 import os
 from collections import OrderedDict
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -51,11 +52,24 @@ class ArrayStore:
         self._bytes = 0
         self.reads = 0
         self.hits = 0
+        #: per file (:meth:`file_id`): its exact ``budget.rms``, and proven upper bounds of it
+        self.rms: Dict[Tuple[str, int], float] = {}
+        self.rms_upper: Dict[Tuple[str, int], float] = {}
+
+    @staticmethod
+    def file_id(path: str, inode: int) -> Optional[Tuple[str, int]]:
+        """What identifies a file's data across the records naming it (None: unknown inode)."""
+        return (os.path.dirname(path), inode) if inode else None
+
+    def bound(self, fid: Optional[Tuple[str, int]], upper: Optional[float]) -> None:
+        """Note an upper bound of the RMS of file ``fid`` (the smallest is kept)."""
+        if fid is not None and upper is not None and upper < self.rms_upper.get(fid, math.inf):
+            self.rms_upper[fid] = upper
 
     def load(self, path: str, name: str, shape: Sequence[int], dtype: str, inode: int = 0) -> np.ndarray:
         """The array of ``path`` for record ``name`` (its recorded ``shape`` and ``dtype``);
         ``inode``: the file's (0: unknown, not shared)."""
-        key = (os.path.dirname(path), inode, tuple(shape), dtype) if inode else None
+        key = (os.path.dirname(path), inode, tuple(shape), dtype) if inode else None  # see file_id
         if key is not None:
             hit = self._kept.get(key)
             if hit is not None:

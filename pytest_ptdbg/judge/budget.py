@@ -28,7 +28,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["FACTOR", "FLOOR_UNITS", "unit_roundoff", "OutputCheck", "check_output", "check_exact",
+__all__ = ["FACTOR", "FLOOR_UNITS", "unit_roundoff", "OutputCheck", "check_output", "finite_norms", "judged",
+           "input_rms_decided", "rms_bound", "check_exact",
            "check_indices", "check_dropout", "has_duplicates", "rms"]
 
 #: a correct kernel's error is at most this many times the reference kernel's (< the benchmark's 4)
@@ -125,10 +126,9 @@ def _nonfinite_pattern(a: np.ndarray) -> np.ndarray:
 def check_output(key: str, device: np.ndarray, oracle: np.ndarray, reference: np.ndarray, dtype: str,
                  input_rms: float = 0.0, factor: float = FACTOR, floor_units: float = FLOOR_UNITS) -> OutputCheck:
     """Judge one floating output (see the module docstring). Arrays of one shape, any float dtype."""
-    fast = _all_finite_norms(device, oracle, reference)
+    fast = finite_norms(device, oracle, reference)
     if fast is not None:
-        own, ref, scale, n = fast
-        return _judged(key, own, ref, scale, n, dtype, input_rms, factor, floor_units, False)
+        return judged(key, *fast, dtype, input_rms, factor, floor_units)
     d = np.asarray(device, dtype=np.float64)
     o = np.asarray(oracle, dtype=np.float64)
     r = np.asarray(reference, dtype=np.float64)
@@ -146,11 +146,12 @@ def check_output(key: str, device: np.ndarray, oracle: np.ndarray, reference: np
     own = float(np.linalg.norm((d - o).ravel()))
     ref = float(np.linalg.norm((r - o).ravel()))
     scale = float(np.linalg.norm(o.ravel()))
-    return _judged(key, own, ref, scale, d.size, dtype, input_rms, factor, floor_units, origin)
+    return judged(key, own, ref, scale, d.size, dtype, input_rms, factor, floor_units, origin)
 
 
-def _judged(key: str, own: float, ref: float, scale: float, n: int, dtype: str, input_rms: float,
-            factor: float, floor_units: float, origin: bool) -> OutputCheck:
+def judged(key: str, own: float, ref: float, scale: float, n: int, dtype: str, input_rms: float = 0.0,
+           factor: float = FACTOR, floor_units: float = FLOOR_UNITS, origin: bool = False) -> OutputCheck:
+    """The check of one output from its norms (``n``: the elements they were taken over)."""
     u = unit_roundoff(dtype)
     # a reference that reproduces the oracle exactly (getitem, cat, relu, an exact cast) means the
     # result is representable: a correct kernel gives it exactly, so there is no floor
@@ -160,7 +161,30 @@ def _judged(key: str, own: float, ref: float, scale: float, n: int, dtype: str, 
                        "NaN/Inf where the reference replay has none" if origin else "")
 
 
-def _all_finite_norms(device: np.ndarray, oracle: np.ndarray, reference: np.ndarray):
+def input_rms_decided(bound: Optional[float], ref: float, scale: float, n: int, dtype: str,
+                      factor: float = FACTOR, floor_units: float = FLOOR_UNITS) -> bool:
+    """Whether any input RMS at most ``bound`` gives the budget :func:`judged` gives with
+    ``bound`` itself: no floor (``ref`` 0), the oracle's norm above ``bound`` x sqrt(n), or a floor
+    at ``bound`` still within ``factor`` x ``ref`` (the floor only grows with the RMS)."""
+    if ref <= 0:
+        return True
+    if bound is None:
+        return False
+    at = bound * math.sqrt(max(n, 1))
+    return at <= scale or floor_units * unit_roundoff(dtype) * max(scale, at) <= factor * ref
+
+
+def rms_bound(own: float, scale: float, n: int) -> Optional[float]:
+    """An upper bound of :func:`rms` of a device output from its check's norms (‖device − oracle‖
+    ``own``, ‖oracle‖ ``scale``, all ``n`` elements finite): ‖device‖ <= own + scale, with room for
+    the norms' rounding; None unless every element is provably data (own + scale < 1e29, below
+    :data:`SENTINEL`) and the RMS provably positive (own < scale)."""
+    if n <= 0 or not own < scale or not own + scale < 1e29:
+        return None
+    return (own + scale) / math.sqrt(n) * (1.0 + 1e-6 + n * 1e-15)
+
+
+def finite_norms(device: np.ndarray, oracle: np.ndarray, reference: np.ndarray):
     """``(‖device − oracle‖₂, ‖reference − oracle‖₂, ‖oracle‖₂, n)`` when every element of the
     three is finite (finite squared norms say so: a NaN/Inf makes its sum NaN/Inf), else None.
     Differences are taken in float64 straight from the arrays' own dtypes (the same numbers as

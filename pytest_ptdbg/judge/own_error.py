@@ -286,8 +286,10 @@ class _Call:
 
     def __init__(self, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], store: Optional[ArrayStore] = None) -> None:
         store = store if store is not None else ArrayStore(0)
+        self.store = store
         self.fwd, self.bwd = fwd, bwd
         self.arrays: Dict[str, np.ndarray] = {}
+        self.ids: Dict[str, Any] = {}     # key -> the file's ArrayStore.file_id
         self._rms: Dict[str, float] = {}
         self.dtypes: Dict[str, str] = {}
         self.missing: List[str] = []
@@ -302,6 +304,7 @@ class _Call:
                     self.requires_grad.add(key)
                 if t.data_file:
                     self.arrays[key] = store.load(t.data_file, t.name, t.shape, t.dtype, t.data_inode)
+                    self.ids[key] = store.file_id(t.data_file, t.data_inode)
                 elif t.dtype.startswith("torch."):
                     self.missing.append(t.name)
         if bwd is not None:  # gradients were produced for exactly the inputs that required grad
@@ -313,11 +316,28 @@ class _Call:
         return [k for k in self.arrays if k.startswith(prefix)]
 
     def rms(self, key: str) -> float:
-        """:func:`budget.rms` of one array, computed once."""
+        """:func:`budget.rms` of one array, computed once (per file, for the whole judgement)."""
         v = self._rms.get(key)
         if v is None:
-            v = self._rms[key] = B.rms(self.arrays[key])
+            fid = self.ids.get(key)
+            v = self.store.rms.get(fid) if fid is not None else None
+            if v is None:
+                v = B.rms(self.arrays[key])
+                if fid is not None:
+                    self.store.rms[fid] = v
+            self._rms[key] = v
         return v
+
+    def rms_upper(self, key: str) -> Optional[float]:
+        """A proven upper bound of a positive :meth:`rms` of ``key`` without computing it
+        (the exact value when known), or None."""
+        v = self._rms.get(key)
+        fid = self.ids.get(key)
+        if v is None and fid is not None:
+            v = self.store.rms.get(fid)
+        if v is not None:
+            return v if v > 0 else None
+        return self.store.rms_upper.get(fid) if fid is not None else None
 
 
 @functools.lru_cache(maxsize=256)  # a handful of dtype names, asked for every tensor
@@ -442,9 +462,32 @@ def _np(t: Any) -> np.ndarray:
     return t.detach().cpu().numpy()
 
 
-def _input_rms(call: _Call, prefixes: Sequence[str]) -> float:
-    vals = [call.rms(k) for k, a in call.arrays.items() if k.startswith(tuple(prefixes))
+def _rms_keys(call: _Call, prefixes: Sequence[str]) -> List[str]:
+    return [k for k, a in call.arrays.items() if k.startswith(tuple(prefixes))
             and _is_float(call.dtypes.get(k, "")) and a.dtype.kind == "f"]
+
+
+def _input_rms(call: _Call, prefixes: Sequence[str],
+               decided: Optional[Callable[[Optional[float]], bool]] = None) -> float:
+    """The smallest positive RMS among the call's floating inputs under ``prefixes`` (0.0: none).
+
+    ``decided(bound)`` (:func:`budget.input_rms_decided` of one output): whether every RMS up to
+    ``bound`` gives that output the same budget. Then the smallest upper bound known without
+    computing (:meth:`_Call.rms_upper`; the exact RMS of the smaller inputs, computed first, where
+    needed) is returned instead of the exact minimum: the same budget, fewer passes over data."""
+    keys = _rms_keys(call, prefixes)
+    if decided is not None:
+        known = [b for b in (call.rms_upper(k) for k in keys) if b is not None]
+        bound = min(known) if known else None
+        if decided(bound):
+            return 0.0 if bound is None else bound
+        for k in sorted(keys, key=lambda x: call.arrays[x].size):
+            v = call.rms(k)
+            if v > 0:
+                bound = v if bound is None else min(bound, v)
+                if decided(bound):
+                    return bound
+    vals = [call.rms(k) for k in keys]
     vals = [v for v in vals if v > 0]
     return min(vals) if vals else 0.0
 
@@ -613,7 +656,6 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     dim = NJ.dim_arg(special, spec) if special is not None and special.treatment == NJ.Treatment.TIES else None
 
     def checks(prefix: str, rms_from: Sequence[str]) -> List[B.OutputCheck]:
-        s_in = _input_rms(call, rms_from)
         res = []
         for k in call.keys(prefix):
             if k not in orc or k not in ref:
@@ -627,7 +669,18 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
                                                                           f"recorded {list(d.shape)}"))
                 continue
             if floating:
-                res.append(B.check_output(k, d, o, r, compute or call.dtypes.get(k, "torch.float32"), s_in, factor))
+                dt = compute or call.dtypes.get(k, "torch.float32")
+                norms = B.finite_norms(d, o, r)
+                if norms is None:  # NaN/Inf somewhere: the element-wise check, with the exact input RMS
+                    res.append(B.check_output(k, d, o, r, dt, _input_rms(call, rms_from), factor))
+                    continue
+                own, rerr, scale, n = norms
+
+                def decided(bound: Optional[float]) -> bool:
+                    return B.input_rms_decided(bound, rerr, scale, n, dt, factor)
+
+                res.append(B.judged(k, own, rerr, scale, n, dt, _input_rms(call, rms_from, decided), factor))
+                call.store.bound(call.ids.get(k), B.rms_bound(own, scale, n))
             elif special is not None and special.treatment == NJ.Treatment.TIES and "input.0" in call.arrays:
                 res.append(B.check_indices(k, d, o, call.arrays["input.0"], dim))
             else:
