@@ -73,7 +73,8 @@ def rms(a: np.ndarray) -> float:
     if a.size and a.dtype.kind == "f":
         # one pass when every element is data: a sum of squares below 1e59 means no element is
         # NaN/Inf or a mask; the same pairwise sum np.mean makes, so the same number
-        tot = np.add.reduce(np.square(a, dtype=np.float64).ravel())
+        with np.errstate(over="ignore", invalid="ignore"):
+            tot = np.add.reduce(np.square(a, dtype=np.float64).ravel())
         if tot < _ALL_DATA:
             return float(np.sqrt(tot / a.size))
     a = np.asarray(a, dtype=np.float64).ravel()
@@ -192,18 +193,19 @@ def finite_norms(device: np.ndarray, oracle: np.ndarray, reference: np.ndarray):
     d, o, r = np.asarray(device), np.asarray(oracle), np.asarray(reference)
     if d.dtype.kind != "f" or o.dtype.kind != "f" or r.dtype.kind != "f":
         return None
-    ov = o.astype(np.float64, copy=False).reshape(-1)   # C order, as ravel()
-    s2 = ov.dot(ov)
-    if not math.isfinite(s2):
-        return None
-    e = np.subtract(d.reshape(-1), ov, dtype=np.float64)
-    own2 = e.dot(e)
-    if not math.isfinite(own2):
-        return None
-    np.subtract(r.reshape(-1), ov, out=e, dtype=np.float64)  # the same buffer: one allocation
-    ref2 = e.dot(e)
-    if not math.isfinite(ref2):
-        return None
+    with np.errstate(over="ignore", invalid="ignore"):   # an overflow only sends it element-wise
+        ov = o.astype(np.float64, copy=False).reshape(-1)   # C order, as ravel()
+        s2 = ov.dot(ov)
+        if not math.isfinite(s2):
+            return None
+        e = np.subtract(d.reshape(-1), ov, dtype=np.float64)
+        own2 = e.dot(e)
+        if not math.isfinite(own2):
+            return None
+        np.subtract(r.reshape(-1), ov, out=e, dtype=np.float64)  # the same buffer: one allocation
+        ref2 = e.dot(e)
+        if not math.isfinite(ref2):
+            return None
     return float(np.sqrt(own2)), float(np.sqrt(ref2)), float(np.sqrt(s2)), int(o.size)
 
 
