@@ -10,7 +10,8 @@ does not import) one training step (forward, loss, backward, AdamW) is dumped wi
 (``benchmarks/faults/dumps.py: dump_step``): the bench in float32 and a "device" run, float32
 with 1e-6 relative weight noise (``fp32``) or under bf16 CPU autocast (``bf16``). Then the
 default judgement, ``judge_dump(device, bench)`` (what ``compare()`` and the plugin gate on), is
-timed on the already-read dumps (reading is the compare stage's and is reported apart), and the
+timed on the already-read dumps (reading is the compare stage's and is reported apart), with Python's cyclic garbage collector
+paused as ``compare()`` runs it, and the
 plain float32 training step of the same model. Reported: the median judgement time, the replayed
 calls (verdicts other than "not judged", forward and backward counted apart), microseconds per
 replayed call, and the ratio to the plain step's median, all from the same run, interleaved rep
@@ -65,6 +66,7 @@ def _worker(code: str) -> int:
 
     torch.set_num_threads(1)
     from pytest_ptdbg.dump import reader
+    from pytest_ptdbg.format.gc_pause import paused_gc
     from pytest_ptdbg.judge import judge_dump
 
     read: Dict[str, Any] = {}
@@ -76,7 +78,8 @@ def _worker(code: str) -> int:
                 read[req[k]] = reader.read_dump(req[k])
         t_read = time.perf_counter() - t0
         t0 = time.perf_counter()
-        j = judge_dump(read[req["npu"]], read[req["bench"]])
+        with paused_gc():  # as compare() runs it
+            j = judge_dump(read[req["npu"]], read[req["bench"]])
         dt = time.perf_counter() - t0
         keys = [_verdict_key(v) for v in j.verdicts]
         ratios = [v.ratio if v.ratio == v.ratio else None for v in j.verdicts]

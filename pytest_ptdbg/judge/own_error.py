@@ -38,6 +38,7 @@ import numpy as np
 from pytest_ptdbg.dump import reader
 from pytest_ptdbg.errors import NotReplayable, ReplayError, ReplayRefused
 from pytest_ptdbg.format import records
+from pytest_ptdbg.format.gc_pause import paused_gc
 from pytest_ptdbg.format.text import TextEnum, fmt_error
 from pytest_ptdbg.judge import budget as B
 from pytest_ptdbg.judge.arrays import ArrayStore
@@ -741,6 +742,13 @@ def judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump,
     where to replay (the bench device). Returns a :class:`DumpJudgement`; raises ImportError
     without torch. Nothing raises for one call: a call that cannot be replayed is not judged.
     """
+    with paused_gc():  # as compare() runs it: the calls make many small objects and no cycles
+        return _judge_dump(dump, reference, device, pairs, factor, progress)
+
+
+def _judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump, None], device: str,
+                pairs: Optional[Mapping[str, str]], factor: float,
+                progress: Optional[Callable[[str], None]]) -> DumpJudgement:
     import torch
 
     from pytest_ptdbg.judge.runner import check_device
