@@ -165,6 +165,8 @@ ARCHS: Dict[str, Arch] = {a.name: a for a in [
     Arch("tiny_gpt", lambda: em.tiny_gpt(0, batch_size=2), _example_loss),
     Arch("mlp_nll", _mlp_nll, _nll_loss),
     Arch("empty_mlp", _empty_mlp, _ce_loss),
+    # the benchmarks' nn.TransformerEncoder (d_model 256, 4 layers, batch 8 x 128; no fault planted on it)
+    Arch("transformer", lambda: em.bench_transformer(0), _example_loss),
     Arch("gpt2", _gpt2, _hf_loss, True),
     Arch("llama", _llama, _hf_loss, True),
     Arch("bert", _bert, _hf_loss, True),

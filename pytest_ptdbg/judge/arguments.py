@@ -10,6 +10,7 @@ Anything else raises :class:`~pytest_ptdbg.judge.ReplayRefused` naming the recor
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Mapping, Optional, Tuple
 
@@ -28,8 +29,13 @@ _FAMILY = re.compile(r"^(?P<type>[A-Za-z]+)_(?P<api>.+?)(?:_\d+_(?:forward|backw
 
 def family_of(api: Optional[str]) -> Optional[str]:
     """``Functional_softmax`` of ``Functional_softmax_0_forward`` (a family is returned as is)."""
-    if not api:
+    if not api or not isinstance(api, str):
         return None
+    return _family_of(api)
+
+
+@functools.lru_cache(maxsize=4096)  # a call is decoded for each of its replays
+def _family_of(api: str) -> Optional[str]:
     from pytest_ptdbg.format import records
 
     try:

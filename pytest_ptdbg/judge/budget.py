@@ -28,7 +28,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["FACTOR", "FLOOR_UNITS", "unit_roundoff", "OutputCheck", "check_output", "check_exact",
+__all__ = ["FACTOR", "FLOOR_UNITS", "unit_roundoff", "OutputCheck", "check_output", "finite_norms", "judged",
+           "input_rms_decided", "rms_bound", "check_exact",
            "check_indices", "check_dropout", "has_duplicates", "rms"]
 
 #: a correct kernel's error is at most this many times the reference kernel's (< the benchmark's 4)
@@ -61,11 +62,21 @@ def unit_roundoff(dtype: str) -> float:
 
 #: magnitudes at or above this are masks (``torch.finfo(dtype).min`` fills), not data
 SENTINEL = 1e30
+#: a sum of squares below this has no element at or above SENTINEL (with room for rounding)
+_ALL_DATA = 1e59
 
 
 def rms(a: np.ndarray) -> float:
     """Root mean square over the finite elements below :data:`SENTINEL` in magnitude (0.0 for
     none): the scale of a tensor's data, not of the ``finfo.min`` values masking it."""
+    a = np.asarray(a)
+    if a.size and a.dtype.kind == "f":
+        # one pass when every element is data: a sum of squares below 1e59 means no element is
+        # NaN/Inf or a mask; the same pairwise sum np.mean makes, so the same number
+        with np.errstate(over="ignore", invalid="ignore"):
+            tot = np.add.reduce(np.square(a, dtype=np.float64).ravel())
+        if tot < _ALL_DATA:
+            return float(np.sqrt(tot / a.size))
     a = np.asarray(a, dtype=np.float64).ravel()
     a = a[np.isfinite(a) & (np.abs(a) < SENTINEL)]
     return float(np.sqrt(np.mean(a * a))) if a.size else 0.0
@@ -116,6 +127,9 @@ def _nonfinite_pattern(a: np.ndarray) -> np.ndarray:
 def check_output(key: str, device: np.ndarray, oracle: np.ndarray, reference: np.ndarray, dtype: str,
                  input_rms: float = 0.0, factor: float = FACTOR, floor_units: float = FLOOR_UNITS) -> OutputCheck:
     """Judge one floating output (see the module docstring). Arrays of one shape, any float dtype."""
+    fast = finite_norms(device, oracle, reference)
+    if fast is not None:
+        return judged(key, *fast, dtype, input_rms, factor, floor_units)
     d = np.asarray(device, dtype=np.float64)
     o = np.asarray(oracle, dtype=np.float64)
     r = np.asarray(reference, dtype=np.float64)
@@ -133,13 +147,68 @@ def check_output(key: str, device: np.ndarray, oracle: np.ndarray, reference: np
     own = float(np.linalg.norm((d - o).ravel()))
     ref = float(np.linalg.norm((r - o).ravel()))
     scale = float(np.linalg.norm(o.ravel()))
+    return judged(key, own, ref, scale, d.size, dtype, input_rms, factor, floor_units, origin)
+
+
+def judged(key: str, own: float, ref: float, scale: float, n: int, dtype: str, input_rms: float = 0.0,
+           factor: float = FACTOR, floor_units: float = FLOOR_UNITS, origin: bool = False) -> OutputCheck:
+    """The check of one output from its norms (``n``: the elements they were taken over)."""
     u = unit_roundoff(dtype)
     # a reference that reproduces the oracle exactly (getitem, cat, relu, an exact cast) means the
     # result is representable: a correct kernel gives it exactly, so there is no floor
-    floor = floor_units * u * max(scale, input_rms * math.sqrt(max(d.size, 1))) if ref > 0 else 0.0
+    floor = floor_units * u * max(scale, input_rms * math.sqrt(max(n, 1))) if ref > 0 else 0.0
     budget = max(factor * ref, floor)
     return OutputCheck(key, math.inf if origin else own, ref, budget, scale, origin,
                        "NaN/Inf where the reference replay has none" if origin else "")
+
+
+def input_rms_decided(bound: Optional[float], ref: float, scale: float, n: int, dtype: str,
+                      factor: float = FACTOR, floor_units: float = FLOOR_UNITS) -> bool:
+    """Whether any input RMS at most ``bound`` gives the budget :func:`judged` gives with
+    ``bound`` itself: no floor (``ref`` 0), the oracle's norm above ``bound`` x sqrt(n), or a floor
+    at ``bound`` still within ``factor`` x ``ref`` (the floor only grows with the RMS)."""
+    if ref <= 0:
+        return True
+    if bound is None:
+        return False
+    at = bound * math.sqrt(max(n, 1))
+    return at <= scale or floor_units * unit_roundoff(dtype) * max(scale, at) <= factor * ref
+
+
+def rms_bound(own: float, scale: float, n: int) -> Optional[float]:
+    """An upper bound of :func:`rms` of a device output from its check's norms (‖device − oracle‖
+    ``own``, ‖oracle‖ ``scale``, all ``n`` elements finite): ‖device‖ <= own + scale, with room for
+    the norms' rounding; None unless every element is provably data (own + scale < 1e29, below
+    :data:`SENTINEL`) and the RMS provably positive (own < scale)."""
+    if n <= 0 or not own < scale or not own + scale < 1e29:
+        return None
+    return (own + scale) / math.sqrt(n) * (1.0 + 1e-6 + n * 1e-15)
+
+
+def finite_norms(device: np.ndarray, oracle: np.ndarray, reference: np.ndarray):
+    """``(‖device − oracle‖₂, ‖reference − oracle‖₂, ‖oracle‖₂, n)`` when every element of the
+    three is finite (finite squared norms say so: a NaN/Inf makes its sum NaN/Inf), else None.
+    Differences are taken in float64 straight from the arrays' own dtypes (the same numbers as
+    converting first) and each norm is ``sqrt(x·x)``, as ``np.linalg.norm`` computes it."""
+    d, o, r = np.asarray(device), np.asarray(oracle), np.asarray(reference)
+    if d.dtype.kind != "f" or o.dtype.kind != "f" or r.dtype.kind != "f":
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):   # an overflow only sends it element-wise
+        ov = o.astype(np.float64, copy=False).reshape(-1)   # C order, as ravel()
+        s2 = ov.dot(ov)
+        if not math.isfinite(s2):
+            return None
+        e = d.astype(np.float64).reshape(-1)       # widened first: faster than a mixed subtraction
+        np.subtract(e, ov, out=e)
+        own2 = e.dot(e)
+        if not math.isfinite(own2):
+            return None
+        np.copyto(e, r.reshape(-1))                # the same buffer: one allocation
+        np.subtract(e, ov, out=e)
+        ref2 = e.dot(e)
+        if not math.isfinite(ref2):
+            return None
+    return float(np.sqrt(own2)), float(np.sqrt(ref2)), float(np.sqrt(s2)), int(o.size)
 
 
 def check_exact(key: str, device: np.ndarray, oracle: np.ndarray, reference: np.ndarray,
@@ -183,20 +252,29 @@ def check_indices(key: str, device_idx: np.ndarray, oracle_idx: np.ndarray, valu
 def check_dropout(key: str, produced: np.ndarray, source: np.ndarray, p: float, dtype: str) -> OutputCheck:
     """Dropout, structurally: every element of ``produced`` is 0 or ``source / (1 - p)``, within a
     few roundings of ``dtype``. ``own`` counts the elements that are neither."""
-    out = np.asarray(produced, dtype=np.float64)
-    src = np.asarray(source, dtype=np.float64)
-    if out.shape != src.shape:
+    out_, src_ = np.asarray(produced), np.asarray(source)
+    if out_.shape != src_.shape:
         return OutputCheck(key, math.inf, 0.0, 0.0, 0.0, note="shape differs from its input")
-    if p >= 1.0:
-        wrong = np.count_nonzero(out != 0)
-    else:
+    flat_out, flat_src = out_.reshape(-1), src_.reshape(-1)
+    wrong = 0
+    # element by element, so in cache-sized pieces (the same count as over the whole)
+    for i in range(0, max(flat_out.size, 1), _CHUNK):
+        out = flat_out[i:i + _CHUNK].astype(np.float64)
+        if p >= 1.0:
+            wrong += int(np.count_nonzero(out != 0))
+            continue
+        src = flat_src[i:i + _CHUNK].astype(np.float64)
         kept = src / (1.0 - p)
         tol = (4 * unit_roundoff(dtype) * (np.abs(kept) + np.abs(src))
                + 4 * subnormal_spacing(dtype))  # values below the normal range round absolutely
         ok = (out == 0) | (np.abs(out - kept) <= tol) | (np.isnan(out) & np.isnan(src))
-        wrong = np.count_nonzero(~ok)
-    return OutputCheck(key, float(wrong), 0.0, 0.0, float(out.size),
+        wrong += int(np.count_nonzero(~ok))
+    return OutputCheck(key, float(wrong), 0.0, 0.0, float(out_.size),
                        note="elements neither 0 nor input/(1-p)" if wrong else "")
+
+
+#: elements per piece of an element-wise check (a few hundred KB of float64: stays in cache)
+_CHUNK = 1 << 15
 
 
 def has_duplicates(index: np.ndarray, dim: Optional[int]) -> bool:

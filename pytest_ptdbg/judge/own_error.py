@@ -26,6 +26,7 @@ differ are also listed on the verdict (``changed_args``).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -37,8 +38,10 @@ import numpy as np
 from pytest_ptdbg.dump import reader
 from pytest_ptdbg.errors import NotReplayable, ReplayError, ReplayRefused
 from pytest_ptdbg.format import records
+from pytest_ptdbg.format.gc_pause import paused_gc
 from pytest_ptdbg.format.text import TextEnum, fmt_error
 from pytest_ptdbg.judge import budget as B
+from pytest_ptdbg.judge.arrays import ArrayStore
 from pytest_ptdbg.judge import not_judged as NJ
 
 __all__ = ["Status", "CallVerdict", "DumpJudgement", "judge_dump", "IGNORED_ARGUMENTS"]
@@ -279,13 +282,16 @@ def changed_arguments(device_spec: Mapping[str, Any], bench_spec: Mapping[str, A
 
 
 class _Call:
-    """One call's recorded tensors, loaded once."""
+    """One call's recorded tensors, each loaded once (from ``store``: shared with the calls
+    around it). The arrays are read only: replays run on copies."""
 
-    def __init__(self, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec]) -> None:
-        from pytest_ptdbg.dump.npy import load_npy
-
+    def __init__(self, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], store: Optional[ArrayStore] = None) -> None:
+        store = store if store is not None else ArrayStore(0)
+        self.store = store
         self.fwd, self.bwd = fwd, bwd
         self.arrays: Dict[str, np.ndarray] = {}
+        self.ids: Dict[str, Any] = {}     # key -> the file's ArrayStore.file_id
+        self._rms: Dict[str, float] = {}
         self.dtypes: Dict[str, str] = {}
         self.missing: List[str] = []
         self.requires_grad: set = set()
@@ -298,7 +304,8 @@ class _Call:
                 if prefix == "" and t.extra.get("rg"):
                     self.requires_grad.add(key)
                 if t.data_file:
-                    self.arrays[key] = load_npy(t.data_file, t.name, t.shape, t.dtype)
+                    self.arrays[key] = store.load(t.data_file, t.name, t.shape, t.dtype, t.data_inode)
+                    self.ids[key] = store.file_id(t.data_file, t.data_inode)
                 elif t.dtype.startswith("torch."):
                     self.missing.append(t.name)
         if bwd is not None:  # gradients were produced for exactly the inputs that required grad
@@ -309,7 +316,32 @@ class _Call:
     def keys(self, prefix: str) -> List[str]:
         return [k for k in self.arrays if k.startswith(prefix)]
 
+    def rms(self, key: str) -> float:
+        """:func:`budget.rms` of one array, computed once (per file, for the whole judgement)."""
+        v = self._rms.get(key)
+        if v is None:
+            fid = self.ids.get(key)
+            v = self.store.rms.get(fid) if fid is not None else None
+            if v is None:
+                v = B.rms(self.arrays[key])
+                if fid is not None:
+                    self.store.rms[fid] = v
+            self._rms[key] = v
+        return v
 
+    def rms_upper(self, key: str) -> Optional[float]:
+        """A proven upper bound of a positive :meth:`rms` of ``key`` without computing it
+        (the exact value when known), or None."""
+        v = self._rms.get(key)
+        fid = self.ids.get(key)
+        if v is None and fid is not None:
+            v = self.store.rms.get(fid)
+        if v is not None:
+            return v if v > 0 else None
+        return self.store.rms_upper.get(fid) if fid is not None else None
+
+
+@functools.lru_cache(maxsize=256)  # a handful of dtype names, asked for every tensor
 def _torch_dtype(name: str) -> Any:
     from pytest_ptdbg.judge.allowlist import dtype_of
 
@@ -319,7 +351,22 @@ def _torch_dtype(name: str) -> Any:
 
 def _run(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bool, cast: Any,
          backward: bool) -> Dict[str, Any]:
-    """One replay: ``{output.i: tensor}`` and, with ``backward``, ``{backward_output.j: grad}``."""
+    """One replay: ``{output.i: tensor}`` and, with ``backward``, ``{backward_output.j: grad}``.
+
+    With ``backward`` the inputs that require grad are autograd leaves, passed to the call as they
+    are (autograd refuses an in-place change of a leaf that requires grad, so a call that would
+    change one fails), and on a failure the call is replayed again with copies of the leaves,
+    which in-place calls may change (the same numbers: a copy's gradient is its leaf's)."""
+    if not backward:
+        return _run_once(func, api, spec, call, dev, oracle, cast, False, True)
+    try:
+        return _run_once(func, api, spec, call, dev, oracle, cast, True, False)
+    except ReplayError:
+        return _run_once(func, api, spec, call, dev, oracle, cast, True, True)
+
+
+def _run_once(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bool, cast: Any,
+              backward: bool, copy_leaves: bool) -> Dict[str, Any]:
     import torch
 
     from pytest_ptdbg.judge import package as pkgmod
@@ -328,19 +375,15 @@ def _run(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bo
     leaves: Dict[str, Any] = {}
 
     def tensor(key: str) -> Any:
-        t = torch.from_numpy(np.array(call.arrays[key], copy=True))  # own memory: in-place calls change only it
-        want = _torch_dtype(call.dtypes.get(key, ""))
-        if want is not None and t.dtype != want:
-            t = t.to(want)
+        t = _fresh(call.arrays[key], _torch_dtype(call.dtypes.get(key, "")),
+                   oracle)  # own memory: in-place calls change only it
         if t.is_floating_point():
-            if oracle:
-                t = t.to(torch.float64)
             if backward and key in call.requires_grad:
                 t.requires_grad_(True)
                 leaves[key] = t
             if not oracle and cast is not None and t.dtype != cast:
                 t = t.to(cast)
-            elif key in leaves:
+            elif key in leaves and copy_leaves:
                 t = t.clone()
         return t.to(dev) if dev.type != "cpu" else t
 
@@ -365,10 +408,7 @@ def _run(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bo
             o = outs.get("output" + gkey[len("backward_input"):])
             if o is None or not o.requires_grad:
                 continue
-            g = torch.from_numpy(np.array(call.arrays[gkey], copy=True))
-            want = _torch_dtype(call.dtypes.get(gkey, ""))
-            if want is not None and g.dtype != want:
-                g = g.to(want)
+            g = _fresh(call.arrays[gkey], _torch_dtype(call.dtypes.get(gkey, "")), False)
             if tuple(g.shape) != tuple(o.shape):
                 raise ReplayError(f"{api}: gradient {gkey} has shape {list(g.shape)}, the output {list(o.shape)}")
             pairs.append((o, g.to(o.dtype)))
@@ -386,6 +426,35 @@ def _run(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bo
     return result
 
 
+def _fresh(arr: np.ndarray, want: Any, oracle: bool) -> Any:
+    """A tensor of its own memory holding ``arr`` in its recorded dtype ``want`` (float64 for a
+    floating one when ``oracle``); ``arr`` is shared and never written."""
+    import torch
+
+    base = torch.from_numpy(arr) if arr.flags.writeable else torch.from_numpy(np.array(arr, copy=True))
+    t = base
+    if want is not None and t.dtype != want:
+        t = t.to(want)
+    if oracle and t.is_floating_point():
+        t = t.to(torch.float64)
+    if t is base:
+        t = t.clone()
+    return t
+
+
+def _np_native(t: Any) -> np.ndarray:
+    """A replayed tensor as numpy without a float64 copy: float16/32/64 as they are, other floating
+    dtypes (bfloat16, float8) as float32, which holds them exactly (the judge's kernels widen)."""
+    import torch
+
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.is_floating_point() and t.dtype not in (torch.float16, torch.float32, torch.float64):
+        t = t.to(torch.float32)
+    return t.resolve_neg().resolve_conj().numpy()
+
+
 def _np(t: Any) -> np.ndarray:
     import torch
 
@@ -394,9 +463,32 @@ def _np(t: Any) -> np.ndarray:
     return t.detach().cpu().numpy()
 
 
-def _input_rms(call: _Call, prefixes: Sequence[str]) -> float:
-    vals = [B.rms(a) for k, a in call.arrays.items() if k.startswith(tuple(prefixes))
+def _rms_keys(call: _Call, prefixes: Sequence[str]) -> List[str]:
+    return [k for k, a in call.arrays.items() if k.startswith(tuple(prefixes))
             and _is_float(call.dtypes.get(k, "")) and a.dtype.kind == "f"]
+
+
+def _input_rms(call: _Call, prefixes: Sequence[str],
+               decided: Optional[Callable[[Optional[float]], bool]] = None) -> float:
+    """The smallest positive RMS among the call's floating inputs under ``prefixes`` (0.0: none).
+
+    ``decided(bound)`` (:func:`budget.input_rms_decided` of one output): whether every RMS up to
+    ``bound`` gives that output the same budget. Then the smallest upper bound known without
+    computing (:meth:`_Call.rms_upper`; the exact RMS of the smaller inputs, computed first, where
+    needed) is returned instead of the exact minimum: the same budget, fewer passes over data."""
+    keys = _rms_keys(call, prefixes)
+    if decided is not None:
+        known = [b for b in (call.rms_upper(k) for k in keys) if b is not None]
+        bound = min(known) if known else None
+        if decided(bound):
+            return 0.0 if bound is None else bound
+        for k in sorted(keys, key=lambda x: call.arrays[x].size):
+            v = call.rms(k)
+            if v > 0:
+                bound = v if bound is None else min(bound, v)
+                if decided(bound):
+                    return bound
+    vals = [call.rms(k) for k in keys]
     vals = [v for v in vals if v > 0]
     return min(vals) if vals else 0.0
 
@@ -413,21 +505,37 @@ def _passes_through(call: _Call, outs: Sequence[str], ins: Sequence[str], rounde
         return False
     cands = [call.arrays[k] for k in ins if k in call.arrays and call.arrays[k].dtype.kind == "f"]
     for k in got:
-        o = call.arrays[k].astype(np.float64)
+        o = call.arrays[k]
         want = _torch_dtype(call.dtypes.get(k, "")) if rounded else None
-
-        def same(c: np.ndarray) -> bool:
-            if c.shape != o.shape:
-                return False
-            if want is not None:
-                import torch
-
-                c = torch.from_numpy(np.ascontiguousarray(c)).to(want).to(torch.float64).numpy()
-            return bool(np.array_equal(c.astype(np.float64), o, equal_nan=True))
-
-        if not any(same(c) for c in cands):
+        if not any(c.shape == o.shape and _same_values(c, o, want) for c in cands):
             return False
     return True
+
+
+#: elements compared first, spread over the tensor: most candidates differ there already
+_SAMPLE = 64
+
+
+def _same_values(c: np.ndarray, o: np.ndarray, want: Any = None) -> bool:
+    """``c`` (rounded to the torch dtype ``want`` when given) equals ``o`` value for value, NaN
+    where NaN (floating arrays of one shape; float16/32/64 widen exactly, so the comparison is in
+    the arrays' own dtypes). A strided sample is compared first; only when it agrees, the whole."""
+    cf, of = c.reshape(-1), o.reshape(-1)
+    if cf.size > 4 * _SAMPLE:
+        step = cf.size // _SAMPLE
+        if not _equal(cf[::step], of[::step], want):
+            return False
+    return _equal(cf, of, want)
+
+
+def _equal(c: np.ndarray, o: np.ndarray, want: Any) -> bool:
+    if want is not None:
+        import torch
+
+        c = torch.from_numpy(np.ascontiguousarray(c)).to(want).to(torch.float64).numpy()
+    if c.dtype != o.dtype:
+        c, o = c.astype(np.float64), o.astype(np.float64)
+    return bool(np.array_equal(c, o, equal_nan=True))
 
 
 def _verdict(rec: reader.ApiRec, status: Status, reason: str = "", **kw: Any) -> CallVerdict:
@@ -471,12 +579,12 @@ def _dropout(call: _Call, spec: dict, special: NJ.Special, fwd: reader.ApiRec,
 
 
 def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
-                dev: Any, factor: float, seen: Sequence[str] = ()) -> List[CallVerdict]:
+                dev: Any, factor: float, seen: Sequence[str] = (), store: Optional[ArrayStore] = None) -> List[CallVerdict]:
     """The verdicts of one call (forward, and backward when recorded); never raises for the call.
     ``passes_through`` comes from the recorded data alone, so it is set even when not replayed."""
     recs = [r for r in (fwd, bwd) if r is not None]
     try:
-        call: Optional[_Call] = _Call(fwd, bwd)
+        call: Optional[_Call] = _Call(fwd, bwd, store)
     except (ValueError, OSError) as exc:
         call = None
         vs = [_verdict(r, Status.NOT_JUDGED, f"could not read its data: {exc}"[:300]) for r in recs]
@@ -549,19 +657,31 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     dim = NJ.dim_arg(special, spec) if special is not None and special.treatment == NJ.Treatment.TIES else None
 
     def checks(prefix: str, rms_from: Sequence[str]) -> List[B.OutputCheck]:
-        s_in = _input_rms(call, rms_from)
         res = []
         for k in call.keys(prefix):
             if k not in orc or k not in ref:
                 continue
             d = call.arrays[k]
-            o, r = _np(orc[k]), _np(ref[k])
+            floating = d.dtype.kind == "f" and _is_float(call.dtypes.get(k, "float"))
+            # floating: the kernels widen to float64 themselves (no float64 copies here)
+            o, r = (_np_native(orc[k]), _np_native(ref[k])) if floating else (_np(orc[k]), _np(ref[k]))
             if o.shape != d.shape or r.shape != d.shape:
                 res.append(B.OutputCheck(k, math.inf, 0.0, 0.0, 0.0, note=f"replay gives shape {list(o.shape)}, "
                                                                           f"recorded {list(d.shape)}"))
                 continue
-            if d.dtype.kind == "f" and _is_float(call.dtypes.get(k, "float")):
-                res.append(B.check_output(k, d, o, r, compute or call.dtypes.get(k, "torch.float32"), s_in, factor))
+            if floating:
+                dt = compute or call.dtypes.get(k, "torch.float32")
+                norms = B.finite_norms(d, o, r)
+                if norms is None:  # NaN/Inf somewhere: the element-wise check, with the exact input RMS
+                    res.append(B.check_output(k, d, o, r, dt, _input_rms(call, rms_from), factor))
+                    continue
+                own, rerr, scale, n = norms
+
+                def decided(bound: Optional[float]) -> bool:
+                    return B.input_rms_decided(bound, rerr, scale, n, dt, factor)
+
+                res.append(B.judged(k, own, rerr, scale, n, dt, _input_rms(call, rms_from, decided), factor))
+                call.store.bound(call.ids.get(k), B.rms_bound(own, scale, n))
             elif special is not None and special.treatment == NJ.Treatment.TIES and "input.0" in call.arrays:
                 res.append(B.check_indices(k, d, o, call.arrays["input.0"], dim))
             else:
@@ -622,6 +742,13 @@ def judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump,
     where to replay (the bench device). Returns a :class:`DumpJudgement`; raises ImportError
     without torch. Nothing raises for one call: a call that cannot be replayed is not judged.
     """
+    with paused_gc():  # as compare() runs it: the calls make many small objects and no cycles
+        return _judge_dump(dump, reference, device, pairs, factor, progress)
+
+
+def _judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump, None], device: str,
+                pairs: Optional[Mapping[str, str]], factor: float,
+                progress: Optional[Callable[[str], None]]) -> DumpJudgement:
     import torch
 
     from pytest_ptdbg.judge.runner import check_device
@@ -633,6 +760,7 @@ def judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump,
     index = {a.key: a for a in d.apis}
     bench = {a.key: a for a in b.apis} if b is not None else {}
     out = DumpJudgement(d.source, str(dev), factor=factor)
+    store = ArrayStore()  # each saved file read once, shared by neighbouring calls
     seen = set()
     produced: set = set()  # floating dtypes the device's calls produced so far
     for a in d.apis:
@@ -643,7 +771,7 @@ def judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump,
             bwd = index.get(bkey)
             bench_fwd = bench.get((pairs or {}).get(a.key, a.key)) if bench else None
             recs = [a] + ([bwd] if bwd is not None else [])
-            vs = _judge_call(a, bwd, bench_fwd, dev, factor, produced)
+            vs = _judge_call(a, bwd, bench_fwd, dev, factor, produced, store)
             for r in recs:
                 seen.add(r.key)
             produced.update(t.dtype for t in a.tensors if t.io == "output" and _is_float(t.dtype))
