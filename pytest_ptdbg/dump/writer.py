@@ -782,28 +782,25 @@ class DumpSink(Sink):
             n = v.numel()
             if 0 < n <= SNAP_NUMEL:
                 ver = v._version
-                h = None
                 link = False
-                if n >= cache.min_numel:
-                    dk = (v.data_ptr(), v.dtype, v.shape, v.stride(), None)
-                    h = self._slots.get(dk)
-                    if h is not None and h[5] == ver and h[4]() is not None:
+                # the same data at the same version recorded again in this batch (one call's
+                # output is the next one's input): its holder, snapshotted and measured once
+                dk = (v.data_ptr(), v.dtype, v.shape, v.stride(), None)
+                h = self._slots.get(dk)
+                if h is not None and h[5] == ver and h[4]() is not None:
+                    link = True
+                else:
+                    h = cache.peek(v) if n >= cache.min_numel else None  # an earlier batch or step
+                    if h is not None:
                         link = True
                     else:
-                        h = cache.peek(v)  # measured in an earlier batch or step
-                        if h is not None:
-                            link = True
-                        else:
-                            wr = _ref(v)
-                            h = [v.detach().clone(), dtype_name(v.dtype), tuple(v.shape), dk, wr, ver, None]
-                            self._slots[dk] = h
-                            self._recent.append(v)
-                            self._snaps.append(h)
-                            self._snap_elems += n
-                else:
-                    h = [v.detach().clone(), dtype_name(v.dtype), tuple(v.shape), None, None, ver, None]
-                    self._snaps.append(h)
-                    self._snap_elems += n
+                        # only tensors of cache.min_numel or more are offered to the cache
+                        h = [v.detach().clone(), dtype_name(v.dtype), tuple(v.shape),
+                             dk if n >= cache.min_numel else None, _ref(v), ver, None]
+                        self._slots[dk] = h
+                        self._recent.append(v)
+                        self._snaps.append(h)
+                        self._snap_elems += n
                 npy = self._save(key, v, link) if self.save_data else None
                 lines.append((key, h, v.requires_grad, ctx, npy, spec))
                 return

@@ -172,3 +172,33 @@ def test_async_writer_snapshots_and_orders(tmp_path):
     assert np.array_equal(np.load(files[2]), np.arange(6.0, dtype=np.float32) * 10)
     with open(w.pkl_path) as f:
         assert f.read() == '["line naming A and B"]\n'
+
+
+def test_a_small_tensor_recorded_twice_in_a_batch_is_measured_once(tmp_path):
+    """One call's output recorded again as the next call's input (same data, same version) shares
+    one snapshot; after an in-place change it is snapshotted again, so each record stays true."""
+    from pytest_ptdbg import PrecisionDebugger
+
+    x = torch.linspace(-1, 1, 64)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), hook_name="dump", step=None)
+    dbg.configure_hook(mode="api_stack", summary_only=True)
+    dbg.start()
+    sink = dbg.sinks[0]
+    h = torch.tanh(x)
+    torch.exp(h)
+    shared = len(sink._snaps)
+    h.mul_(3)  # in place: the next record of h is a new snapshot
+    torch.exp(h)
+    after = len(sink._snaps)
+    dbg.stop()
+    dbg.close()
+    assert shared == 3  # tanh input, tanh output = exp input, exp output
+    # mul_'s input is h as before (shared), its output h at a new version (a new snapshot), which is
+    # exp's input (shared); exp's output is new
+    assert after == shared + 2
+    pkl = os.path.join(str(tmp_path), "ptdbg_dump_v4.0", "step0", "rank0", "api_stack_dump.pkl")
+    recs = {r[0]: r for r in (json.loads(line) for line in open(pkl)) if "stack_info" not in r[0]}
+    assert recs["Torch_tanh_0_forward_output.0"][5] == recs["Torch_exp_0_forward_input.0"][5]
+    t = torch.tanh(x)
+    assert recs["Torch_exp_1_forward_input.0"][5][0] == pytest.approx(float((t * 3).max()))
+    assert recs["Tensor_mul__0_forward_input.0"][5] == recs["Torch_tanh_0_forward_output.0"][5]
