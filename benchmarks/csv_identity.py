@@ -86,7 +86,7 @@ for npu, bench, opt_name, opts in json.loads(sys.argv[1]):
     out[f"{npu}|{bench}|{opt_name}"] = {
         "csv_sha": hashlib.sha256(csv).hexdigest(), "csv_len": len(csv), "passed": bool(r.passed),
         "problems": r.problems, "internal": hashlib.sha256(json.dumps(internal).encode()).hexdigest(),
-        "rows": len(r.table)}
+        "rows": len(r.table), "dtypes": [str(t) for t in r.table.dtypes]}
 print(json.dumps(out))
 """
 

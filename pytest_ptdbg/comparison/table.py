@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 import os
+from operator import itemgetter
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -310,8 +311,9 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
     steps = pair_apis(npu.apis, bench.apis, fuzzy=fuzzy_match)
     kinds = _code_paths(steps, summary)
     cols = (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS
-    rows = _Columns(cols)   # each finished row goes into one list per column (no dict per row kept)
+    rows = _Columns(cols)   # each finished row is one tuple (no dict per row kept)
     jobs = []
+    deferred: list = []     # summary rows judged at once, over arrays (_summary_rows)
     # long work: a progress bar where a person waits (a terminal), nothing elsewhere
     bar = Progress(len(steps), "compare: pairing", enabled=None if len(steps) >= BAR_MIN_APIS else False)
     for k_step, (na, ba) in enumerate(steps):
@@ -351,13 +353,18 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
                 _unusable(r, f"dtype class changed: NPU {nt.dtype} ({dtype_class(nt.dtype)}) vs bench "
                              f"{bt.dtype} ({dtype_class(bt.dtype)})")
             elif summary:
-                _summary_row(r, nt, bt, rule, th)
+                if _four_floats(nt.stats) and _four_floats(bt.stats):
+                    deferred.append((len(rows), nt, bt, r["_npu_nonfinite"], r["_bench_nonfinite"]))
+                else:
+                    _summary_row(r, nt, bt, rule, th)
             elif nt.data_file and bt.data_file:
                 tol = None
                 if rule == "dtype":
                     rtol, atol = V.tolerance(nt.dtype, bt.dtype, th)
                     tol = (atol, rtol)
                 jobs.append((len(rows), nt, bt, tol))
+                rows.append(r, pending=True)
+                continue
             elif _is_scalar(nt) and _is_scalar(bt):
                 _scalar_row(r, nt, bt, rule, th)
                 why = nt.data_problem or bt.data_problem   # a 0-d tensor whose file is missing
@@ -386,9 +393,15 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
                     _p(msg)
         _run_jobs(rows, jobs, rule, th, problems, tell, workers)
         bar.close()
-    # from columns: pandas builds a frame from a list of dicts cell by cell
-    df = pd.DataFrame(rows.data, columns=cols) if len(rows) else pd.DataFrame({c: [] for c in cols})
-    rows.data = {}
+    n_rows = len(rows)
+    data = rows.columns()
+    if deferred:
+        _summary_rows(data, deferred, rule, th)
+    deferred = []
+    # from columns (pandas builds a frame from a list of dicts cell by cell), each column of one
+    # Python type as its numpy array (what pandas would infer from the list, without inferring)
+    df = pd.DataFrame({c: _typed(data.pop(c)) for c in cols}, columns=cols) if n_rows \
+        else pd.DataFrame({c: [] for c in cols})
     df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule})
     return df
 
@@ -408,48 +421,48 @@ def _code_path_row(r: dict, message: str, kind: str, why: str) -> None:
         _unusable(r, f"{message}; {why}" if why else message)
 
 
-class _Row:
-    """Row ``i`` of a :class:`_Columns` as a mapping (for the few rows filled in after the loop)."""
-
-    __slots__ = ("data", "i")
-
-    def __init__(self, data: dict, i: int) -> None:
-        self.data, self.i = data, i
-
-    def __getitem__(self, key: str):
-        return self.data[key][self.i]
-
-    def __setitem__(self, key: str, value) -> None:
-        self.data[key][self.i] = value
-
-    def get(self, key: str, default=None):
-        col = self.data.get(key)
-        return default if col is None else col[self.i]
-
-
 class _Columns:
-    """The table being built: one list per column; ``append`` takes a row dict and keeps its values."""
+    """The table being built: one tuple per finished row (its values in column order, taken from
+    the row dict by one ``itemgetter`` call), or the row dict itself while the row is still to be
+    filled in (:meth:`append` with ``pending=True``; :meth:`row` returns it); :meth:`columns`
+    transposes them into one list per column."""
 
     def __init__(self, cols: List[str]) -> None:
         self.cols = list(cols)
-        self.data = {c: [] for c in self.cols}
-        self._add = [(c, self.data[c].append) for c in self.cols]
-        self.n = 0
+        self._get = itemgetter(*self.cols)
+        self.rows: list = []
+        self.pending: List[int] = []
 
     def __len__(self) -> int:
-        return self.n
+        return len(self.rows)
 
-    def append(self, r: dict) -> None:
-        for c, add in self._add:
-            add(r[c])
-        self.n += 1
+    def append(self, r: dict, pending: bool = False) -> None:
+        if pending:
+            self.pending.append(len(self.rows))
+            self.rows.append(r)
+        else:
+            self.rows.append(self._get(r))
 
     def extend(self, rs) -> None:
+        get, add = self._get, self.rows.append
         for r in rs:
-            self.append(r)
+            add(get(r))
 
-    def row(self, i: int) -> _Row:
-        return _Row(self.data, i)
+    def row(self, i: int) -> dict:
+        r = self.rows[i]
+        if not isinstance(r, dict):
+            raise KeyError(f"row {i} is finished (not pending)")
+        return r
+
+    def columns(self) -> Dict[str, list]:
+        """``{column: [values...]}``; the rows are dropped."""
+        for i in self.pending:
+            self.rows[i] = self._get(self.rows[i])
+        self.pending = []
+        rows, self.rows = self.rows, []
+        if len(self.cols) == 1:
+            return {self.cols[0]: list(rows)}
+        return {c: list(v) for c, v in zip(self.cols, zip(*rows))}
 
 
 def _unusable(r: dict, message: str) -> None:
@@ -507,6 +520,64 @@ def _summary_row(r: dict, nt: TensorRec, bt: TensorRec, rule: str, th: V.Thresho
     r["Accuracy Reached or Not"] = verdict
     r["_passed"] = verdict != "No"
     r["Err_message"] = "; ".join(msgs)
+
+
+def _four_floats(stats) -> bool:
+    return stats.__class__ is list and len(stats) == 4 and all(v.__class__ is float for v in stats)
+
+
+def _summary_rows(data: Dict[str, list], deferred: list, rule: str, th: V.Thresholds) -> None:
+    """:func:`_summary_row` of the rows whose two sides both have four float statistics, at once
+    over arrays (``verdict.summary_verdicts``, ``metrics.summary_diffs_rel_l2``): the same values
+    in the column lists ``data``."""
+    idx = [d[0] for d in deferred]
+    n = np.array([d[1].stats for d in deferred], dtype=np.float64)
+    b = np.array([d[2].stats for d in deferred], dtype=np.float64)
+    nnf = np.array([d[3] for d in deferred], dtype=np.int64)
+    bnf = np.array([d[4] for d in deferred], dtype=np.int64)
+    rt = at = sizes = None
+    if rule == "dtype":
+        tols: dict = {}
+        pairs = [(d[1].dtype, d[2].dtype) for d in deferred]
+        for p in set(pairs):
+            tols[p] = V.tolerance(p[0], p[1], th)
+        rt = np.array([tols[p][0] for p in pairs], dtype=np.float64)
+        at = np.array([tols[p][1] for p in pairs], dtype=np.float64)
+        sizes = np.array([float(max(math.prod(int(s) for s in d[1].shape), 1)) for d in deferred])
+    codes, mism = V.summary_verdicts(n, b, nnf, bnf, rule, th, rt, at, sizes)
+    diffs, rel = M.summary_diffs_rel_l2(n, b)
+    for k, c in enumerate(SUMMARY_DIFF_COLUMNS):
+        col, vals = data[c], diffs[:, k].tolist()
+        for i, v in zip(idx, vals):
+            col[i] = v
+    text = V.VERDICT_TEXT
+    acc, msg, passed = data["Accuracy Reached or Not"], data["Err_message"], data["_passed"]
+    rl2, nm = data["_rel_l2"], data["_nan_mismatch"]
+    bad_msg = "NaN/Inf counts or statistics do not match"
+    for i, code, m, r in zip(idx, codes.tolist(), mism.tolist(), rel.tolist()):
+        acc[i] = text[code]
+        passed[i] = code != 2
+        msg[i] = bad_msg if m else ""
+        rl2[i] = r
+        nm[i] = m
+
+
+def _typed(values: list):
+    """A column's values as the numpy array pandas would infer for them (float64, bool, int64)
+    when they are all of one such Python type; else the list itself (pandas infers)."""
+    if not values:
+        return values
+    kinds = set(map(type, values))
+    if len(kinds) != 1:
+        return values
+    kind = kinds.pop()
+    if kind is float:
+        return np.array(values, dtype=np.float64)
+    if kind is bool:
+        return np.array(values, dtype=bool)
+    if kind is int and -(1 << 63) <= min(values) and max(values) < (1 << 63):
+        return np.array(values, dtype=np.int64)
+    return values
 
 
 #: tensor pairs are compared by worker *processes* (numpy holds the GIL in its BLAS dot products
