@@ -250,9 +250,13 @@ def measure_distributed(d: str, ranks: int, workers: int) -> dict:
     return {"ranks": ranks, "workers": workers, "s": time.perf_counter() - t, "compared": len(res.results)}
 
 
-def _fresh(args: list) -> dict:
-    p = subprocess.run([sys.executable, __file__] + args, capture_output=True, text=True, cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=ROOT))
+#: the source tree whose code the measuring processes import (``--against DIR``: another version's)
+CODE_ROOTS = [ROOT]
+
+
+def _fresh(args: list, code: str = ROOT) -> dict:
+    p = subprocess.run([sys.executable, __file__] + args, capture_output=True, text=True, cwd=code,
+                       env=dict(os.environ, PYTHONPATH=code))
     if p.returncode:
         raise SystemExit(p.stderr)
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -267,17 +271,22 @@ def main_big(d: str, n_apis: int, reps: int) -> None:
         make_big_pair(d, n_apis, save_data=full)
     for kind in ("stats", "full"):
         for w in (2, 1):
-            r = _fresh(["--measure-big", "--dir", d, "--big", str(n_apis), "--kind", kind, "--workers", str(w),
-                        "--reps", str(reps)])
-            print(f"{r['calls']} API calls ({r['pkl_mb']:.0f} MB .pkl), {r['rows']} rows, "
-                  f"{'statistics' if kind == 'stats' else 'full tensors'}, workers={w}: compare() "
-                  f"{r['compare_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MiB "
-                  f"({r['base_rss_mb']:.0f} MiB after imports)", flush=True)
+            for code in CODE_ROOTS:   # alternated: the same run's numbers side by side
+                r = _fresh(["--measure-big", "--dir", d, "--big", str(n_apis), "--kind", kind, "--workers", str(w),
+                            "--reps", str(reps)], code)
+                who = "" if code == ROOT else f" [code of {code}]"
+                print(f"{r['calls']} API calls ({r['pkl_mb']:.0f} MB .pkl), {r['rows']} rows, "
+                      f"{'statistics' if kind == 'stats' else 'full tensors'}, workers={w}: compare() "
+                      f"{r['compare_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MiB "
+                      f"({r['base_rss_mb']:.0f} MiB after imports){who}", flush=True)
 
 
 def main_distributed(d: str, ranks: int) -> None:
     os.makedirs(d, exist_ok=True)
     rows = [_fresh(["--measure-dist", "--dir", d, "--ranks", str(ranks), "--workers", str(w)]) for w in (1, 2, 1, 2)]
+    for code in CODE_ROOTS[1:]:
+        old = [_fresh(["--measure-dist", "--dir", d, "--ranks", str(ranks), "--workers", str(w)], code) for w in (1, 2)]
+        print(f"[code of {code}] 1 worker {old[0]['s']:.2f} s, 2 workers {old[1]['s']:.2f} s", flush=True)
     one = statistics.median([r["s"] for r in rows if r["workers"] == 1])
     two = statistics.median([r["s"] for r in rows if r["workers"] == 2])
     print(f"compare_distributed, {ranks} ranks of the tiny GPT step: 1 worker {one:.2f} s, "
@@ -297,7 +306,11 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=16, help=argparse.SUPPRESS)
     ap.add_argument("--measure-big", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--measure-dist", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--against", default="", help="also measure (--big, --distributed) the code of this "
+                    "source tree, alternated with this one (e.g. an older version unpacked by git archive)")
     a = ap.parse_args()
+    if a.against:
+        CODE_ROOTS.append(os.path.abspath(a.against))
     if a.measure_big:
         print(json.dumps(measure_big(a.dir, a.big, a.kind, a.workers, a.reps)))
         return

@@ -19,8 +19,14 @@ Non-tensor arguments of paired calls are argument rows (``comparison/arguments.p
 
 Tensor pairs are compared by a small thread pool, or by worker processes for large compares
 (:data:`PROCESS_MIN_BYTES`, :data:`PROCESS_MIN_PAIRS`: numpy holds the GIL in its dot products);
-each pair is streamed from disk chunk by chunk, so memory does not grow with the tensors. The
-table is built into one list per column, with the garbage collector paused.
+each pair is streamed from disk chunk by chunk, so memory does not grow with the tensors
+(``workers``, default :data:`WORKERS` as it is when the table is built).
+
+The table is built with the garbage collector paused: each finished row is one tuple in column
+order, transposed into one list per column at the end, and a column of one Python type goes to
+pandas as its numpy array. Statistics-only rows whose sides both have four float statistics are
+judged at once over arrays (``verdict.summary_verdicts``, ``metrics.summary_diffs_rel_l2``: the
+same values as the row-by-row ``_summary_row``, which judges the others).
 """
 from __future__ import annotations
 
@@ -190,6 +196,19 @@ def _stats4(t: Optional[TensorRec]) -> tuple:
     return tuple(_stat(st, k) for k in range(4))
 
 
+#: one list per distinct shape for the table's shape cells (cells are read, never changed)
+_SHAPE_LISTS: Dict[tuple, list] = {}
+
+
+def _shape_list(shape) -> list:
+    got = _SHAPE_LISTS.get(shape)
+    if got is None:
+        if len(_SHAPE_LISTS) >= 1 << 14:
+            _SHAPE_LISTS.clear()
+        got = _SHAPE_LISTS[shape] = list(shape)
+    return got
+
+
 def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Optional[ApiRec],
          ba: Optional[ApiRec], stack, summary: bool) -> dict:
     t = nt or bt
@@ -201,8 +220,8 @@ def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Opti
         "Bench Name": bt.name if bt else "",
         "NPU Tensor Dtype": nt.dtype if nt else "",
         "Bench Tensor Dtype": bt.dtype if bt else "",
-        "NPU Tensor Shape": list(nt.shape) if nt else [],
-        "Bench Tensor Shape": list(bt.shape) if bt else [],
+        "NPU Tensor Shape": _shape_list(nt.shape) if nt else [],
+        "Bench Tensor Shape": _shape_list(bt.shape) if bt else [],
         "NPU max": n1, "Bench max": b1, "NPU min": n2, "Bench min": b2,
         "NPU mean": n3, "Bench mean": b3, "NPU l2norm": n4, "Bench l2norm": b4,
     }
@@ -297,7 +316,7 @@ def build_table(npu: Dump, bench: Dump, **kwargs) -> pd.DataFrame:
 def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack_mode: bool = False,
                 fuzzy_match: bool = False, rule: str = "ptdbg", thresholds: Optional[V.Thresholds] = None,
                 problems: Optional[List[str]] = None, progress: Optional[Callable[[str], None]] = None,
-                workers: int = WORKERS) -> pd.DataFrame:
+                workers: Optional[int] = None) -> pd.DataFrame:
     """The compare table of two dumps (see the module docstring).
 
     ``summary=None`` chooses a summary compare when either dump has no saved tensors.
@@ -305,6 +324,7 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
     """
     th = thresholds or V.Thresholds()
     V._check_rule(rule)
+    workers = WORKERS if workers is None else workers   # read now: a caller may have set WORKERS
     if summary is None:
         summary = not (npu.has_data and bench.has_data)
     problems = problems if problems is not None else []

@@ -45,6 +45,8 @@ from pytest_ptdbg.report.outputs import write_new
 
 #: how a missing value (NaN) is written: ptdbg's "N/A" (pandas reads it back as NaN)
 NA = "N/A"
+#: rows formatted at a time by :func:`csv_text`
+ROWS_PER_BLOCK = 8192
 #: first characters that make a spreadsheet cell a formula
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 _FORMULA_AT_START = re.compile("\x00[=+\\-@\t\r]")
@@ -152,15 +154,22 @@ def csv_text(table: pd.DataFrame, stack_mode: bool = False) -> str:
     missing = [c for c in cols if c not in table.columns]
     if missing:
         raise ValueError(f"compare table lacks the CSV column(s) {missing}")
-    cells = [_quoted(column_cells(table[c])) for c in cols]
     header = list(cols)
+    stacks = None
     if stack_mode:
         header.append(STACK_COLUMN)
-        cells.append(_quoted([escape_formula(v) for v in _stack_cells(table)]))
-    head = ",".join(_quoted(header)) + "\n"
-    if not len(table):
-        return head
-    return head + "\n".join(map(",".join, zip(*cells))) + "\n"
+        stacks = _stack_cells(table)
+    parts = [",".join(_quoted(header)) + "\n"]
+    series = [table[c] for c in cols]
+    # ROWS_PER_BLOCK rows at a time: the cells' text (a float's repr is ~60 bytes) never all at once
+    for a in range(0, len(table), ROWS_PER_BLOCK):
+        b = a + ROWS_PER_BLOCK
+        cells = [_quoted(column_cells(col.iloc[a:b])) for col in series]
+        if stacks is not None:
+            cells.append(_quoted([escape_formula(v) for v in stacks[a:b]]))
+        parts.append("\n".join(map(",".join, zip(*cells))) + "\n")
+        del cells
+    return "".join(parts)
 
 
 def _stack_cells(table: pd.DataFrame) -> List[str]:

@@ -124,8 +124,11 @@ def _tricky_table():
 
 
 @pytest.mark.parametrize("stack_mode", [False, True])
-def test_csv_text_is_byte_identical_to_pandas_to_csv(stack_mode):
-    # csv_text formats the table column by column; pandas' to_csv of csv_frame is the reference
+@pytest.mark.parametrize("block", [1, 3, 8192])
+def test_csv_text_is_byte_identical_to_pandas_to_csv(stack_mode, block, monkeypatch):
+    # csv_text formats the table column by column, a block of rows at a time; pandas' to_csv of
+    # csv_frame is the reference
+    monkeypatch.setattr(csv_report, "ROWS_PER_BLOCK", block)
     t = _tricky_table()
     ref = csv_report.csv_frame(t, stack_mode).to_csv(index=False, na_rep=csv_report.NA, lineterminator="\n")
     assert csv_report.csv_text(t, stack_mode) == ref
