@@ -383,8 +383,6 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
                     rtol, atol = V.tolerance(nt.dtype, bt.dtype, th)
                     tol = (atol, rtol)
                 jobs.append((len(rows), nt, bt, tol))
-                rows.append(r, pending=True)
-                continue
             elif _is_scalar(nt) and _is_scalar(bt):
                 _scalar_row(r, nt, bt, rule, th)
                 why = nt.data_problem or bt.data_problem   # a 0-d tensor whose file is missing
@@ -401,6 +399,8 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
         rows.extend(arg_rows)
     bar.update(len(steps))
     bar.close()
+    n_rows = len(rows)
+    data = rows.columns()
     if jobs:
         bar = Progress(0, "compare: tensors", enabled=None if len(jobs) >= BAR_MIN_APIS else False)
         tell = progress
@@ -411,10 +411,9 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
                 bar.update(int(done))
                 if _p:
                     _p(msg)
-        _run_jobs(rows, jobs, rule, th, problems, tell, workers)
+        _run_jobs(data, jobs, rule, th, problems, tell, workers)
         bar.close()
-    n_rows = len(rows)
-    data = rows.columns()
+    jobs = []
     if deferred:
         _summary_rows(data, deferred, rule, th)
     deferred = []
@@ -441,48 +440,55 @@ def _code_path_row(r: dict, message: str, kind: str, why: str) -> None:
         _unusable(r, f"{message}; {why}" if why else message)
 
 
+class _Row:
+    """Row ``i`` of the column lists ``data`` as a mapping (the rows filled in after the loop)."""
+
+    __slots__ = ("data", "i")
+
+    def __init__(self, data: Dict[str, list], i: int) -> None:
+        self.data, self.i = data, i
+
+    def __getitem__(self, key: str):
+        return self.data[key][self.i]
+
+    def __setitem__(self, key: str, value) -> None:
+        self.data[key][self.i] = value
+
+    def get(self, key: str, default=None):
+        col = self.data.get(key)
+        return default if col is None else col[self.i]
+
+
 class _Columns:
-    """The table being built: one tuple per finished row (its values in column order, taken from
-    the row dict by one ``itemgetter`` call), or the row dict itself while the row is still to be
-    filled in (:meth:`append` with ``pending=True``; :meth:`row` returns it); :meth:`columns`
-    transposes them into one list per column."""
+    """The table being built: one tuple per finished row, its values in column order (taken from
+    the row dict by one ``itemgetter`` call); :meth:`columns` transposes them into one list per
+    column (where the rows judged after the loop are filled in, through :class:`_Row`)."""
 
     def __init__(self, cols: List[str]) -> None:
         self.cols = list(cols)
         self._get = itemgetter(*self.cols)
         self.rows: list = []
-        self.pending: List[int] = []
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def append(self, r: dict, pending: bool = False) -> None:
-        if pending:
-            self.pending.append(len(self.rows))
-            self.rows.append(r)
-        else:
-            self.rows.append(self._get(r))
+    def append(self, r: dict) -> None:
+        self.rows.append(self._get(r))
 
     def extend(self, rs) -> None:
         get, add = self._get, self.rows.append
         for r in rs:
             add(get(r))
 
-    def row(self, i: int) -> dict:
-        r = self.rows[i]
-        if not isinstance(r, dict):
-            raise KeyError(f"row {i} is finished (not pending)")
-        return r
-
     def columns(self) -> Dict[str, list]:
         """``{column: [values...]}``; the rows are dropped."""
-        for i in self.pending:
-            self.rows[i] = self._get(self.rows[i])
-        self.pending = []
         rows, self.rows = self.rows, []
         if len(self.cols) == 1:
-            return {self.cols[0]: list(rows)}
-        return {c: list(v) for c, v in zip(self.cols, zip(*rows))}
+            return {self.cols[0]: [r if not isinstance(r, tuple) else r[0] for r in rows]}
+        out = {c: list(v) for c, v in zip(self.cols, zip(*rows))}
+        if not rows:
+            out = {c: [] for c in self.cols}
+        return out
 
 
 def _unusable(r: dict, message: str) -> None:
@@ -656,32 +662,52 @@ def worker_context():
     return mp.get_context("spawn")
 
 
-def _run_jobs(rows, jobs, rule, th, problems, progress, workers) -> None:
+def _run_jobs(data: Dict[str, list], jobs, rule, th, problems, progress, workers) -> None:
+    """Compare the tensor pairs of ``jobs`` (``(row, nt, bt, tol)``) and fill their rows in the
+    column lists ``data`` as the results arrive (none kept: a 160 000-pair compare would hold
+    as many metrics objects); problems in row order, as the rows."""
     def work(job):
         _, nt, bt, tol = job
         return _compare_job(nt, bt, tol)
 
     # hard-linked copies of one tensor (the writer links unchanged tensors) are compared once
-    first_of, unique, owner = {}, [], []
-    for job in jobs:
+    first_of, unique, owners = {}, [], []
+    for j, job in enumerate(jobs):
         _, nt, bt, tol = job
         key = (nt.data_file, bt.data_file) if not (nt.data_inode and bt.data_inode) else \
             (nt.data_inode, bt.data_inode, os.path.dirname(nt.data_file), os.path.dirname(bt.data_file))
         key = key + (bt.dtype, tol, tuple(nt.shape), tuple(bt.shape), nt.dtype)
-        if key not in first_of:
+        u = first_of.get(key)
+        if u is None:
             first_of[key] = len(unique)
             unique.append(job)
-        owner.append(first_of[key])
+            owners.append(j)
+        else:
+            o = owners[u]
+            owners[u] = [o, j] if isinstance(o, int) else o + [j]
+    del first_of
     total = len(unique)
-    results: List = [None] * total
     nbytes = sum(_pair_bytes(job[1], job[2]) for job in unique)
     done = 0
     last = [-1]
+    failed: List[Tuple[int, str]] = []
 
     def tell(k: int) -> None:
         if progress and (k * 10 // max(total, 1) != last[0] or k == total):
             last[0] = k * 10 // max(total, 1)
             progress(f"compared {k}/{total} tensor pairs")
+
+    def apply(u: int, res) -> None:
+        m, err = res
+        o = owners[u]
+        for j in ((o,) if isinstance(o, int) else o):
+            idx, nt, bt, _ = jobs[j]
+            r = _Row(data, idx)
+            if m is None:
+                _unusable(r, f"no data to compare (Nan): {err}")
+                failed.append((j, err))
+                continue
+            _fill_metrics(r, m, nt, bt, rule, th)
 
     if workers > 1 and (nbytes >= PROCESS_MIN_BYTES or total >= PROCESS_MIN_PAIRS):
         chunks = _chunks(unique, nbytes, workers)
@@ -690,24 +716,17 @@ def _run_jobs(rows, jobs, rule, th, problems, progress, workers) -> None:
         except (OSError, ValueError):   # no processes here (a sandbox): threads
             ex = None
         if ex is not None:
+            specs = ([_job_spec(*unique[i][1:]) for i in range(a, b)] for a, b in chunks)
             with ex:
-                for lo, res in zip([c[0] for c in chunks],
-                                   ex.map(_compare_specs, [[_job_spec(*unique[i][1:]) for i in range(a, b)]
-                                                           for a, b in chunks])):
-                    results[lo:lo + len(res)] = res
+                for lo, res in zip([c[0] for c in chunks], ex.map(_compare_specs, specs)):
+                    for k, one in enumerate(res):
+                        apply(lo + k, one)
                     done += len(res)
                     tell(done)
     if done < total:
         with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
             for k, res in enumerate(ex.map(work, unique)):
-                results[k] = res
+                apply(k, res)
                 tell(k + 1)
-    for job, u in zip(jobs, owner):
-        m, err = results[u]
-        idx, nt, bt, _ = job
-        r = rows.row(idx)
-        if m is None:
-            _unusable(r, f"no data to compare (Nan): {err}")
-            problems.append(err)
-            continue
-        _fill_metrics(r, m, nt, bt, rule, th)
+    failed.sort(key=lambda je: je[0])
+    problems.extend(err for _, err in failed)
