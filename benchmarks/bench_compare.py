@@ -62,6 +62,43 @@ MiB. ``--distributed 16``: 12.45 s with 1 worker, 10.28 s with 2 processes (1.21
 Cosine from n·b (one more sliced dot product per chunk, one copy fewer in the zero-denominator
 fix): the in-memory kernel on 8 M half-zero float32 pairs, one thread, alternated runs:
 0.79-0.87 GB/s before, 0.79-0.90 GB/s after.
+
+Measured 2026-12-02 00:05-00:33 (issue 12's compare half, second pass; load average 2-6 from the
+other engineers: every number moves by tens of percent, so old and new code ran alternated in the
+same run with ``--against`` on ``git archive b14dae3``; one rep each), ``--big 50000`` (50 085 API
+calls, 104/110 MB .pkl, 161 700 rows), ``compare()`` without replay:
+
+==========================  ======================  ======================
+case (two runs: 04ee7be+,   b14dae3                 this branch
+then e1d7f2a)
+==========================  ======================  ======================
+statistics, 2 workers       26.6 / 31.2 s, 705 MiB  26.6 / 20.9 s, 568 / 551 MiB
+statistics, 1 worker        20.8 / 23.9 s, 706 MiB  15.1 / 14.5 s, 567 / 541 MiB
+full tensors, 2 workers     68.4 / 57.0 s, 800 MiB  39.8 / 47.9 s, 799 / 756 MiB
+full tensors, 1 worker      81.1 s, 813 MiB         54.7 s, 803 MiB
+==========================  ======================  ======================
+
+(the 2-worker statistics runs came first in each run, at the highest load.) Reading both
+statistics dumps alone, same process order: 10.5 s / 390 MiB -> 8.0 s / 235 MiB (record lines of
+the writer's form parsed field by field, extras and shapes shared by text). The CSV (45 MB) from
+the table's columns: 3.8-6.1 s -> 2.0-3.3 s through pandas' to_csv vs csv_text, same table, same
+bytes. Profile of what is left (statistics, one process): reading ~35 %, building the table ~35 %
+(one Python dict and tuple per row, pairing, argument rows), judge/step.py's statistics judgement
+~12 % (not this branch's: judge/), CSV ~12 %, advisor and HTML ~8 %. Full tensors: 161 700 small
+pairs, two ``.npy`` opens and header checks each, dominate. The goals (<= 5 s, <= 300 MiB) are not
+met: what remains is one Python object per record and per row (the Dump's records are what judge/
+reads), which needs a columnar Dump and table that every stage reads.
+
+Workers: before e1d7f2a's parent commit, ``table.WORKERS`` set after import changed nothing (the
+default argument had been bound at import), so every "2 vs 1 workers" number above and before
+compared the same configuration. ``--distributed 16`` (same run, load ~2-4): 1 worker 11.38 s, 2
+worker processes 7.91 s: 1.44x (b14dae3 in the same run: 7.40 s / 5.52 s, 1.34x; single tiny GPT
+compares alternated old/new: 0.39-0.48 s vs 0.35-0.51 s, i.e. the same).
+
+``benchmarks/csv_identity.py`` checked byte-identical CSVs, ``passed``, problems, the internal
+verdict columns and the table's dtypes against b14dae3 on every example model (full and
+statistics dumps; default, stack_mode, dtype rule, forced summary) and on the 50 000-call pair
+(statistics: default and dtype rule; full tensors: default and stack_mode).
 """
 from __future__ import annotations
 
