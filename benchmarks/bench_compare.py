@@ -95,6 +95,13 @@ compared the same configuration. ``--distributed 16`` (same run, load ~2-4): 1 w
 worker processes 7.91 s: 1.44x (b14dae3 in the same run: 7.40 s / 5.52 s, 1.34x; single tiny GPT
 compares alternated old/new: 0.39-0.48 s vs 0.35-0.51 s, i.e. the same).
 
+Large tensors (default mode, 00:40, load 0.7-2.7; 1.118 GB of distinct tensor files, 2248 rows):
+``build_table`` alone, old (b14dae3, workers passed explicitly) and new alternated, best of 2:
+1 worker 1.37 / 1.34 s (0.82 / 0.83 GB/s), 2 worker processes 0.72 / 0.75-0.78 s (1.55 / 1.43-1.49
+GB/s): 1.8x from the second process, for both. ``compare()`` in this mode now takes 11-16 s: the
+default judgement replays every call (judge/, not measured here; ``replay_check=False`` is the
+compare alone); the printed "2 vs 1 worker" ratio of compare() is the replay's.
+
 ``benchmarks/csv_identity.py`` checked byte-identical CSVs, ``passed``, problems, the internal
 verdict columns and the table's dtypes against b14dae3 on every example model (full and
 statistics dumps; default, stack_mode, dtype rule, forced summary) and on the 50 000-call pair
