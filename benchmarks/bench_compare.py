@@ -62,6 +62,50 @@ MiB. ``--distributed 16``: 12.45 s with 1 worker, 10.28 s with 2 processes (1.21
 Cosine from n·b (one more sliced dot product per chunk, one copy fewer in the zero-denominator
 fix): the in-memory kernel on 8 M half-zero float32 pairs, one thread, alternated runs:
 0.79-0.87 GB/s before, 0.79-0.90 GB/s after.
+
+Measured 2026-12-02 00:05-00:33 (issue 12's compare half, second pass; load average 2-6 from the
+other engineers: every number moves by tens of percent, so old and new code ran alternated in the
+same run with ``--against`` on ``git archive b14dae3``; one rep each), ``--big 50000`` (50 085 API
+calls, 104/110 MB .pkl, 161 700 rows), ``compare()`` without replay:
+
+==========================  ======================  ======================
+case (two runs: 04ee7be+,   b14dae3                 this branch
+then e1d7f2a)
+==========================  ======================  ======================
+statistics, 2 workers       26.6 / 31.2 s, 705 MiB  26.6 / 20.9 s, 568 / 551 MiB
+statistics, 1 worker        20.8 / 23.9 s, 706 MiB  15.1 / 14.5 s, 567 / 541 MiB
+full tensors, 2 workers     68.4 / 57.0 s, 800 MiB  39.8 / 47.9 s, 799 / 756 MiB
+full tensors, 1 worker      81.1 s, 813 MiB         54.7 s, 803 MiB
+==========================  ======================  ======================
+
+(the 2-worker statistics runs came first in each run, at the highest load.) Reading both
+statistics dumps alone, same process order: 10.5 s / 390 MiB -> 8.0 s / 235 MiB (record lines of
+the writer's form parsed field by field, extras and shapes shared by text). The CSV (45 MB) from
+the table's columns: 3.8-6.1 s -> 2.0-3.3 s through pandas' to_csv vs csv_text, same table, same
+bytes. Profile of what is left (statistics, one process): reading ~35 %, building the table ~35 %
+(one Python dict and tuple per row, pairing, argument rows), judge/step.py's statistics judgement
+~12 % (not this branch's: judge/), CSV ~12 %, advisor and HTML ~8 %. Full tensors: 161 700 small
+pairs, two ``.npy`` opens and header checks each, dominate. The goals (<= 5 s, <= 300 MiB) are not
+met: what remains is one Python object per record and per row (the Dump's records are what judge/
+reads), which needs a columnar Dump and table that every stage reads.
+
+Workers: before e1d7f2a's parent commit, ``table.WORKERS`` set after import changed nothing (the
+default argument had been bound at import), so every "2 vs 1 workers" number above and before
+compared the same configuration. ``--distributed 16`` (same run, load ~2-4): 1 worker 11.38 s, 2
+worker processes 7.91 s: 1.44x (b14dae3 in the same run: 7.40 s / 5.52 s, 1.34x; single tiny GPT
+compares alternated old/new: 0.39-0.48 s vs 0.35-0.51 s, i.e. the same).
+
+Large tensors (default mode, 00:40, load 0.7-2.7; 1.118 GB of distinct tensor files, 2248 rows):
+``build_table`` alone, old (b14dae3, workers passed explicitly) and new alternated, best of 2:
+1 worker 1.37 / 1.34 s (0.82 / 0.83 GB/s), 2 worker processes 0.72 / 0.75-0.78 s (1.55 / 1.43-1.49
+GB/s): 1.8x from the second process, for both. ``compare()`` in this mode now takes 11-16 s: the
+default judgement replays every call (judge/, not measured here; ``replay_check=False`` is the
+compare alone); the printed "2 vs 1 worker" ratio of compare() is the replay's.
+
+``benchmarks/csv_identity.py`` checked byte-identical CSVs, ``passed``, problems, the internal
+verdict columns and the table's dtypes against b14dae3 on every example model (full and
+statistics dumps; default, stack_mode, dtype rule, forced summary) and on the 50 000-call pair
+(statistics: default and dtype rule; full tensors: default and stack_mode).
 """
 from __future__ import annotations
 
@@ -250,9 +294,13 @@ def measure_distributed(d: str, ranks: int, workers: int) -> dict:
     return {"ranks": ranks, "workers": workers, "s": time.perf_counter() - t, "compared": len(res.results)}
 
 
-def _fresh(args: list) -> dict:
-    p = subprocess.run([sys.executable, __file__] + args, capture_output=True, text=True, cwd=ROOT,
-                       env=dict(os.environ, PYTHONPATH=ROOT))
+#: the source tree whose code the measuring processes import (``--against DIR``: another version's)
+CODE_ROOTS = [ROOT]
+
+
+def _fresh(args: list, code: str = ROOT) -> dict:
+    p = subprocess.run([sys.executable, __file__] + args, capture_output=True, text=True, cwd=code,
+                       env=dict(os.environ, PYTHONPATH=code))
     if p.returncode:
         raise SystemExit(p.stderr)
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -267,17 +315,22 @@ def main_big(d: str, n_apis: int, reps: int) -> None:
         make_big_pair(d, n_apis, save_data=full)
     for kind in ("stats", "full"):
         for w in (2, 1):
-            r = _fresh(["--measure-big", "--dir", d, "--big", str(n_apis), "--kind", kind, "--workers", str(w),
-                        "--reps", str(reps)])
-            print(f"{r['calls']} API calls ({r['pkl_mb']:.0f} MB .pkl), {r['rows']} rows, "
-                  f"{'statistics' if kind == 'stats' else 'full tensors'}, workers={w}: compare() "
-                  f"{r['compare_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MiB "
-                  f"({r['base_rss_mb']:.0f} MiB after imports)", flush=True)
+            for code in CODE_ROOTS:   # alternated: the same run's numbers side by side
+                r = _fresh(["--measure-big", "--dir", d, "--big", str(n_apis), "--kind", kind, "--workers", str(w),
+                            "--reps", str(reps)], code)
+                who = "" if code == ROOT else f" [code of {code}]"
+                print(f"{r['calls']} API calls ({r['pkl_mb']:.0f} MB .pkl), {r['rows']} rows, "
+                      f"{'statistics' if kind == 'stats' else 'full tensors'}, workers={w}: compare() "
+                      f"{r['compare_s']:.2f} s, peak RSS {r['peak_rss_mb']:.0f} MiB "
+                      f"({r['base_rss_mb']:.0f} MiB after imports){who}", flush=True)
 
 
 def main_distributed(d: str, ranks: int) -> None:
     os.makedirs(d, exist_ok=True)
     rows = [_fresh(["--measure-dist", "--dir", d, "--ranks", str(ranks), "--workers", str(w)]) for w in (1, 2, 1, 2)]
+    for code in CODE_ROOTS[1:]:
+        old = [_fresh(["--measure-dist", "--dir", d, "--ranks", str(ranks), "--workers", str(w)], code) for w in (1, 2)]
+        print(f"[code of {code}] 1 worker {old[0]['s']:.2f} s, 2 workers {old[1]['s']:.2f} s", flush=True)
     one = statistics.median([r["s"] for r in rows if r["workers"] == 1])
     two = statistics.median([r["s"] for r in rows if r["workers"] == 2])
     print(f"compare_distributed, {ranks} ranks of the tiny GPT step: 1 worker {one:.2f} s, "
@@ -297,7 +350,11 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=16, help=argparse.SUPPRESS)
     ap.add_argument("--measure-big", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--measure-dist", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--against", default="", help="also measure (--big, --distributed) the code of this "
+                    "source tree, alternated with this one (e.g. an older version unpacked by git archive)")
     a = ap.parse_args()
+    if a.against:
+        CODE_ROOTS.append(os.path.abspath(a.against))
     if a.measure_big:
         print(json.dumps(measure_big(a.dir, a.big, a.kind, a.workers, a.reps)))
         return

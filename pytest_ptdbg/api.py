@@ -191,6 +191,7 @@ def _compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = F
                         progress=say if log else None)
     say(f"{len(table)} rows in {time.perf_counter() - t0:.2f} s")
     judged = _judge(npu, bench, table, problems, notes, replay_check, replay_device, say)
+    npu = bench = None   # the records are not needed for the reports: their memory is free again
     result = _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, tag, judged,
                      gate, notes, stem=report_stem)
     result.input_param = dict(input_param)

@@ -20,6 +20,8 @@ def float_column(table: pd.DataFrame, name: str) -> np.ndarray:
 def to_bool_array(col: pd.Series, default: bool) -> np.ndarray:
     """The column as booleans: ``"true"``/``"1"``/``"yes"`` (any case) count as True in text cells,
     empty cells are ``default``."""
+    if col.dtype == np.bool_:   # a bool column (the table's own flags): nothing to interpret
+        return col.to_numpy(dtype=bool)
     s = col.astype(object).where(col.notna(), default)
     return np.array([bool(v) if not isinstance(v, str) else v.strip().lower() in ("true", "1", "yes")
                      for v in s], dtype=bool)

@@ -429,3 +429,17 @@ def stat_at(stats, i: int) -> Optional[float]:
         except ValueError:
             return None
     return None
+
+
+def summary_diffs_rel_l2(npu: np.ndarray, bench: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """:func:`summary_diffs` and :func:`summary_rel_l2` of many rows at once: ``(m, 4)`` float64
+    statistics (every one present) -> ``(diffs (m, 4), rel_l2 (m,))``, the same values."""
+    n = np.asarray(npu, dtype=np.float64)
+    b = np.asarray(bench, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        diffs = n - b
+        a3, b3 = n[:, 3], b[:, 3]
+        rel = np.abs(a3 - b3) / np.abs(b3)
+        rel = np.where(b3 == 0, np.where(a3 == 0, 0.0, math.inf), rel)
+        rel = np.where(np.isfinite(a3) & np.isfinite(b3), rel, math.nan)
+    return diffs, rel

@@ -19,15 +19,22 @@ Non-tensor arguments of paired calls are argument rows (``comparison/arguments.p
 
 Tensor pairs are compared by a small thread pool, or by worker processes for large compares
 (:data:`PROCESS_MIN_BYTES`, :data:`PROCESS_MIN_PAIRS`: numpy holds the GIL in its dot products);
-each pair is streamed from disk chunk by chunk, so memory does not grow with the tensors. The
-table is built into one list per column, with the garbage collector paused.
+each pair is streamed from disk chunk by chunk, so memory does not grow with the tensors
+(``workers``, default :data:`WORKERS` as it is when the table is built).
+
+The table is built with the garbage collector paused: each finished row is one tuple in column
+order, transposed into one list per column at the end, and a column of one Python type goes to
+pandas as its numpy array. Statistics-only rows whose sides both have four float statistics are
+judged at once over arrays (``verdict.summary_verdicts``, ``metrics.summary_diffs_rel_l2``: the
+same values as the row-by-row ``_summary_row``, which judges the others).
 """
 from __future__ import annotations
 
 import math
 import os
+from operator import itemgetter
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -189,6 +196,19 @@ def _stats4(t: Optional[TensorRec]) -> tuple:
     return tuple(_stat(st, k) for k in range(4))
 
 
+#: one list per distinct shape for the table's shape cells (cells are read, never changed)
+_SHAPE_LISTS: Dict[tuple, list] = {}
+
+
+def _shape_list(shape) -> list:
+    got = _SHAPE_LISTS.get(shape)
+    if got is None:
+        if len(_SHAPE_LISTS) >= 1 << 14:
+            _SHAPE_LISTS.clear()
+        got = _SHAPE_LISTS[shape] = list(shape)
+    return got
+
+
 def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Optional[ApiRec],
          ba: Optional[ApiRec], stack, summary: bool) -> dict:
     t = nt or bt
@@ -200,8 +220,8 @@ def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Opti
         "Bench Name": bt.name if bt else "",
         "NPU Tensor Dtype": nt.dtype if nt else "",
         "Bench Tensor Dtype": bt.dtype if bt else "",
-        "NPU Tensor Shape": list(nt.shape) if nt else [],
-        "Bench Tensor Shape": list(bt.shape) if bt else [],
+        "NPU Tensor Shape": _shape_list(nt.shape) if nt else [],
+        "Bench Tensor Shape": _shape_list(bt.shape) if bt else [],
         "NPU max": n1, "Bench max": b1, "NPU min": n2, "Bench min": b2,
         "NPU mean": n3, "Bench mean": b3, "NPU l2norm": n4, "Bench l2norm": b4,
     }
@@ -296,7 +316,7 @@ def build_table(npu: Dump, bench: Dump, **kwargs) -> pd.DataFrame:
 def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack_mode: bool = False,
                 fuzzy_match: bool = False, rule: str = "ptdbg", thresholds: Optional[V.Thresholds] = None,
                 problems: Optional[List[str]] = None, progress: Optional[Callable[[str], None]] = None,
-                workers: int = WORKERS) -> pd.DataFrame:
+                workers: Optional[int] = None) -> pd.DataFrame:
     """The compare table of two dumps (see the module docstring).
 
     ``summary=None`` chooses a summary compare when either dump has no saved tensors.
@@ -304,14 +324,16 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
     """
     th = thresholds or V.Thresholds()
     V._check_rule(rule)
+    workers = WORKERS if workers is None else workers   # read now: a caller may have set WORKERS
     if summary is None:
         summary = not (npu.has_data and bench.has_data)
     problems = problems if problems is not None else []
     steps = pair_apis(npu.apis, bench.apis, fuzzy=fuzzy_match)
     kinds = _code_paths(steps, summary)
     cols = (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS
-    rows = _Columns(cols)   # each finished row goes into one list per column (no dict per row kept)
+    rows = _Columns(cols)   # each finished row is one tuple (no dict per row kept)
     jobs = []
+    deferred: list = []     # summary rows judged at once, over arrays (_summary_rows)
     # long work: a progress bar where a person waits (a terminal), nothing elsewhere
     bar = Progress(len(steps), "compare: pairing", enabled=None if len(steps) >= BAR_MIN_APIS else False)
     for k_step, (na, ba) in enumerate(steps):
@@ -351,7 +373,10 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
                 _unusable(r, f"dtype class changed: NPU {nt.dtype} ({dtype_class(nt.dtype)}) vs bench "
                              f"{bt.dtype} ({dtype_class(bt.dtype)})")
             elif summary:
-                _summary_row(r, nt, bt, rule, th)
+                if _four_floats(nt.stats) and _four_floats(bt.stats):
+                    deferred.append((len(rows), nt, bt, r["_npu_nonfinite"], r["_bench_nonfinite"]))
+                else:
+                    _summary_row(r, nt, bt, rule, th)
             elif nt.data_file and bt.data_file:
                 tol = None
                 if rule == "dtype":
@@ -374,6 +399,8 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
         rows.extend(arg_rows)
     bar.update(len(steps))
     bar.close()
+    n_rows = len(rows)
+    data = rows.columns()
     if jobs:
         bar = Progress(0, "compare: tensors", enabled=None if len(jobs) >= BAR_MIN_APIS else False)
         tell = progress
@@ -384,11 +411,16 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
                 bar.update(int(done))
                 if _p:
                     _p(msg)
-        _run_jobs(rows, jobs, rule, th, problems, tell, workers)
+        _run_jobs(data, jobs, rule, th, problems, tell, workers)
         bar.close()
-    # from columns: pandas builds a frame from a list of dicts cell by cell
-    df = pd.DataFrame(rows.data, columns=cols) if len(rows) else pd.DataFrame({c: [] for c in cols})
-    rows.data = {}
+    jobs = []
+    if deferred:
+        _summary_rows(data, deferred, rule, th)
+    deferred = []
+    # from columns (pandas builds a frame from a list of dicts cell by cell), each column of one
+    # Python type as its numpy array (what pandas would infer from the list, without inferring)
+    df = pd.DataFrame({c: _typed(data.pop(c)) for c in cols}, columns=cols) if n_rows \
+        else pd.DataFrame({c: [] for c in cols})
     df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule})
     return df
 
@@ -409,11 +441,11 @@ def _code_path_row(r: dict, message: str, kind: str, why: str) -> None:
 
 
 class _Row:
-    """Row ``i`` of a :class:`_Columns` as a mapping (for the few rows filled in after the loop)."""
+    """Row ``i`` of the column lists ``data`` as a mapping (the rows filled in after the loop)."""
 
     __slots__ = ("data", "i")
 
-    def __init__(self, data: dict, i: int) -> None:
+    def __init__(self, data: Dict[str, list], i: int) -> None:
         self.data, self.i = data, i
 
     def __getitem__(self, key: str):
@@ -428,28 +460,35 @@ class _Row:
 
 
 class _Columns:
-    """The table being built: one list per column; ``append`` takes a row dict and keeps its values."""
+    """The table being built: one tuple per finished row, its values in column order (taken from
+    the row dict by one ``itemgetter`` call); :meth:`columns` transposes them into one list per
+    column (where the rows judged after the loop are filled in, through :class:`_Row`)."""
 
     def __init__(self, cols: List[str]) -> None:
         self.cols = list(cols)
-        self.data = {c: [] for c in self.cols}
-        self._add = [(c, self.data[c].append) for c in self.cols]
-        self.n = 0
+        self._get = itemgetter(*self.cols)
+        self.rows: list = []
 
     def __len__(self) -> int:
-        return self.n
+        return len(self.rows)
 
     def append(self, r: dict) -> None:
-        for c, add in self._add:
-            add(r[c])
-        self.n += 1
+        self.rows.append(self._get(r))
 
     def extend(self, rs) -> None:
+        get, add = self._get, self.rows.append
         for r in rs:
-            self.append(r)
+            add(get(r))
 
-    def row(self, i: int) -> _Row:
-        return _Row(self.data, i)
+    def columns(self) -> Dict[str, list]:
+        """``{column: [values...]}``; the rows are dropped."""
+        rows, self.rows = self.rows, []
+        if len(self.cols) == 1:
+            return {self.cols[0]: [r if not isinstance(r, tuple) else r[0] for r in rows]}
+        out = {c: list(v) for c, v in zip(self.cols, zip(*rows))}
+        if not rows:
+            out = {c: [] for c in self.cols}
+        return out
 
 
 def _unusable(r: dict, message: str) -> None:
@@ -509,6 +548,64 @@ def _summary_row(r: dict, nt: TensorRec, bt: TensorRec, rule: str, th: V.Thresho
     r["Err_message"] = "; ".join(msgs)
 
 
+def _four_floats(stats) -> bool:
+    return stats.__class__ is list and len(stats) == 4 and all(v.__class__ is float for v in stats)
+
+
+def _summary_rows(data: Dict[str, list], deferred: list, rule: str, th: V.Thresholds) -> None:
+    """:func:`_summary_row` of the rows whose two sides both have four float statistics, at once
+    over arrays (``verdict.summary_verdicts``, ``metrics.summary_diffs_rel_l2``): the same values
+    in the column lists ``data``."""
+    idx = [d[0] for d in deferred]
+    n = np.array([d[1].stats for d in deferred], dtype=np.float64)
+    b = np.array([d[2].stats for d in deferred], dtype=np.float64)
+    nnf = np.array([d[3] for d in deferred], dtype=np.int64)
+    bnf = np.array([d[4] for d in deferred], dtype=np.int64)
+    rt = at = sizes = None
+    if rule == "dtype":
+        tols: dict = {}
+        pairs = [(d[1].dtype, d[2].dtype) for d in deferred]
+        for p in set(pairs):
+            tols[p] = V.tolerance(p[0], p[1], th)
+        rt = np.array([tols[p][0] for p in pairs], dtype=np.float64)
+        at = np.array([tols[p][1] for p in pairs], dtype=np.float64)
+        sizes = np.array([float(max(math.prod(int(s) for s in d[1].shape), 1)) for d in deferred])
+    codes, mism = V.summary_verdicts(n, b, nnf, bnf, rule, th, rt, at, sizes)
+    diffs, rel = M.summary_diffs_rel_l2(n, b)
+    for k, c in enumerate(SUMMARY_DIFF_COLUMNS):
+        col, vals = data[c], diffs[:, k].tolist()
+        for i, v in zip(idx, vals):
+            col[i] = v
+    text = V.VERDICT_TEXT
+    acc, msg, passed = data["Accuracy Reached or Not"], data["Err_message"], data["_passed"]
+    rl2, nm = data["_rel_l2"], data["_nan_mismatch"]
+    bad_msg = "NaN/Inf counts or statistics do not match"
+    for i, code, m, r in zip(idx, codes.tolist(), mism.tolist(), rel.tolist()):
+        acc[i] = text[code]
+        passed[i] = code != 2
+        msg[i] = bad_msg if m else ""
+        rl2[i] = r
+        nm[i] = m
+
+
+def _typed(values: list):
+    """A column's values as the numpy array pandas would infer for them (float64, bool, int64)
+    when they are all of one such Python type; else the list itself (pandas infers)."""
+    if not values:
+        return values
+    kinds = set(map(type, values))
+    if len(kinds) != 1:
+        return values
+    kind = kinds.pop()
+    if kind is float:
+        return np.array(values, dtype=np.float64)
+    if kind is bool:
+        return np.array(values, dtype=bool)
+    if kind is int and -(1 << 63) <= min(values) and max(values) < (1 << 63):
+        return np.array(values, dtype=np.int64)
+    return values
+
+
 #: tensor pairs are compared by worker *processes* (numpy holds the GIL in its BLAS dot products
 #: and casts, so threads scale ~1.0-1.1x) when there is at least this much data or pairs to compare;
 #: smaller compares use threads (starting processes costs ~50 ms)
@@ -565,32 +662,52 @@ def worker_context():
     return mp.get_context("spawn")
 
 
-def _run_jobs(rows, jobs, rule, th, problems, progress, workers) -> None:
+def _run_jobs(data: Dict[str, list], jobs, rule, th, problems, progress, workers) -> None:
+    """Compare the tensor pairs of ``jobs`` (``(row, nt, bt, tol)``) and fill their rows in the
+    column lists ``data`` as the results arrive (none kept: a 160 000-pair compare would hold
+    as many metrics objects); problems in row order, as the rows."""
     def work(job):
         _, nt, bt, tol = job
         return _compare_job(nt, bt, tol)
 
     # hard-linked copies of one tensor (the writer links unchanged tensors) are compared once
-    first_of, unique, owner = {}, [], []
-    for job in jobs:
+    first_of, unique, owners = {}, [], []
+    for j, job in enumerate(jobs):
         _, nt, bt, tol = job
         key = (nt.data_file, bt.data_file) if not (nt.data_inode and bt.data_inode) else \
             (nt.data_inode, bt.data_inode, os.path.dirname(nt.data_file), os.path.dirname(bt.data_file))
         key = key + (bt.dtype, tol, tuple(nt.shape), tuple(bt.shape), nt.dtype)
-        if key not in first_of:
+        u = first_of.get(key)
+        if u is None:
             first_of[key] = len(unique)
             unique.append(job)
-        owner.append(first_of[key])
+            owners.append(j)
+        else:
+            o = owners[u]
+            owners[u] = [o, j] if isinstance(o, int) else o + [j]
+    del first_of
     total = len(unique)
-    results: List = [None] * total
     nbytes = sum(_pair_bytes(job[1], job[2]) for job in unique)
     done = 0
     last = [-1]
+    failed: List[Tuple[int, str]] = []
 
     def tell(k: int) -> None:
         if progress and (k * 10 // max(total, 1) != last[0] or k == total):
             last[0] = k * 10 // max(total, 1)
             progress(f"compared {k}/{total} tensor pairs")
+
+    def apply(u: int, res) -> None:
+        m, err = res
+        o = owners[u]
+        for j in ((o,) if isinstance(o, int) else o):
+            idx, nt, bt, _ = jobs[j]
+            r = _Row(data, idx)
+            if m is None:
+                _unusable(r, f"no data to compare (Nan): {err}")
+                failed.append((j, err))
+                continue
+            _fill_metrics(r, m, nt, bt, rule, th)
 
     if workers > 1 and (nbytes >= PROCESS_MIN_BYTES or total >= PROCESS_MIN_PAIRS):
         chunks = _chunks(unique, nbytes, workers)
@@ -599,24 +716,17 @@ def _run_jobs(rows, jobs, rule, th, problems, progress, workers) -> None:
         except (OSError, ValueError):   # no processes here (a sandbox): threads
             ex = None
         if ex is not None:
+            specs = ([_job_spec(*unique[i][1:]) for i in range(a, b)] for a, b in chunks)
             with ex:
-                for lo, res in zip([c[0] for c in chunks],
-                                   ex.map(_compare_specs, [[_job_spec(*unique[i][1:]) for i in range(a, b)]
-                                                           for a, b in chunks])):
-                    results[lo:lo + len(res)] = res
+                for lo, res in zip([c[0] for c in chunks], ex.map(_compare_specs, specs)):
+                    for k, one in enumerate(res):
+                        apply(lo + k, one)
                     done += len(res)
                     tell(done)
     if done < total:
         with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
             for k, res in enumerate(ex.map(work, unique)):
-                results[k] = res
+                apply(k, res)
                 tell(k + 1)
-    for job, u in zip(jobs, owner):
-        m, err = results[u]
-        idx, nt, bt, _ = job
-        r = rows.row(idx)
-        if m is None:
-            _unusable(r, f"no data to compare (Nan): {err}")
-            problems.append(err)
-            continue
-        _fill_metrics(r, m, nt, bt, rule, th)
+    failed.sort(key=lambda je: je[0])
+    problems.extend(err for _, err in failed)

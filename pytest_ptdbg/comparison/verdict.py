@@ -35,6 +35,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
+import numpy as np
+
 from pytest_ptdbg.comparison.metrics import PairMetrics, stat_at
 
 RULES = ("ptdbg", "dtype")
@@ -155,3 +157,42 @@ def summary_verdict(npu_stats: Sequence, bench_stats: Sequence, npu_nonfinite: i
         if abs(x - y) > bound * (1 + 1e-12):
             return "No", False
     return "Yes", False
+
+
+#: :func:`summary_verdicts`' verdict codes, index into this tuple
+VERDICT_TEXT = ("", "Yes", "No")
+
+
+def summary_verdicts(npu: np.ndarray, bench: np.ndarray, npu_nonfinite: np.ndarray,
+                     bench_nonfinite: np.ndarray, rule: str = "ptdbg", th: Optional[Thresholds] = None,
+                     rtol: Optional[np.ndarray] = None, atol: Optional[np.ndarray] = None,
+                     sizes: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """:func:`summary_verdict` of many rows at once: ``npu``/``bench`` are ``(m, 4)`` float64
+    arrays of ``[max, min, mean, l2norm]`` (every statistic present; NaN/Inf allowed), the
+    nonfinite counts ``(m,)`` ints. The dtype rule needs each row's ``rtol``, ``atol`` (from
+    :func:`tolerance`) and element count ``sizes`` (float64). Returns ``(codes, nan_mismatch)``:
+    ``codes`` index :data:`VERDICT_TEXT` (0 ``""``, 1 ``"Yes"``, 2 ``"No"``); the same verdicts, with
+    the same floating-point operations, as the row-by-row function."""
+    _check_rule(rule)
+    th = th or Thresholds()
+    n = np.asarray(npu, dtype=np.float64)
+    b = np.asarray(bench, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        fn, fb = np.isfinite(n), np.isfinite(b)
+        fin = fn & fb
+        stat_mis = ~fin & ((fn != fb) | ~((n == b) | (np.isnan(n) & np.isnan(b))))
+        mism = (np.asarray(npu_nonfinite) != np.asarray(bench_nonfinite)) | stat_mis.any(axis=1)
+        scale = np.where(fb[:, :2], np.abs(b[:, :2]), 0.0).max(axis=1)
+        d = np.abs(n - b)
+        lim = np.empty_like(n)
+        if rule == "ptdbg":
+            lim[:, :3] = (th.summary_rel * scale)[:, None]
+            lim[:, 3] = th.summary_rel * np.abs(b[:, 3])
+            fail = (fin & (d > lim)).any(axis=1)
+        else:
+            rt, at = np.asarray(rtol, dtype=np.float64), np.asarray(atol, dtype=np.float64)
+            lim[:, :3] = (at + rt * scale)[:, None]
+            lim[:, 3] = at * np.sqrt(np.maximum(np.asarray(sizes, dtype=np.float64), 1.0)) + rt * np.abs(b[:, 3])
+            fail = (fin & (d > lim * (1 + 1e-12))).any(axis=1)
+    codes = np.where(mism | fail, 2, np.where(fin.any(axis=1), 1, 0)).astype(np.int8)
+    return codes, mism

@@ -68,9 +68,9 @@ class TensorRec:
         return int(self.extra.get("nan", 0) or 0) + int(self.extra.get("inf", 0) or 0)
 
 
-@dataclass
+@dataclass(slots=True)
 class ApiRec:
-    """All records of one API call (one direction)."""
+    """All records of one API call (one direction; slotted: a 50 000-call step holds 50 000)."""
 
     key: str
     api_type: str
@@ -223,8 +223,13 @@ class _Builder:
     def api(self, key: str, parsed: records.ParsedName) -> ApiRec:
         a = self.apis.get(key)
         if a is None:
-            a = self.apis[key] = ApiRec(key, parsed.api_type, parsed.api_name, parsed.call_index,
-                                        parsed.direction, len(self.apis))
+            pool = self.pool if self.pool is not None else {}
+            # API types, names and directions repeat: one string object each
+            t = pool.setdefault(("s", parsed.api_type), parsed.api_type)
+            n = pool.setdefault(("s", parsed.api_name), parsed.api_name)
+            d = pool.setdefault(("s", parsed.direction), parsed.direction)
+            a = self.apis[key] = ApiRec(key, t, n, parsed.call_index, d, len(self.apis),
+                                        family=pool.setdefault(("f", t, n), f"{t}_{n}"))
         return a
 
     def resolve(self, t: TensorRec, file_name: Optional[str], expected: bool = True) -> None:
@@ -277,6 +282,8 @@ def _is_regular(entry: "os.DirEntry") -> bool:
 
 
 def _shape(v: Any) -> Tuple[int, ...]:
+    if v.__class__ is list and all(s.__class__ is int for s in v):   # the common case
+        return tuple(v)
     if isinstance(v, str) and v.replace(" ", "") == "[]":
         return ()   # ptdbg v4 writes a Python scalar's shape as the string "[]"
     if not isinstance(v, (list, tuple)) or not all(isinstance(s, int) and not isinstance(s, bool) for s in v):
@@ -354,6 +361,7 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
     # distinct text, and the APIs share one frames list
     stack_cache: Dict[bytes, list] = {}
     names: Dict[str, tuple] = {}
+    fast = _FastLines()
     with f:
         for lineno, raw, whole in _lines(f, pkl, problems):
             if not raw.strip():
@@ -376,13 +384,16 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
             if not line or "\x00" in line:
                 rec, why = None, "binary or non-UTF-8 bytes (not a ptdbg text record)"
             else:
+                rec = fast.parse(line)
                 try:
-                    rec, why = json.loads(line), ""
+                    if rec is None:
+                        rec = json.loads(line)
+                    why = ""
                 except ValueError as e:
                     rec, why = None, e.msg
                 except RecursionError:
                     rec, why = None, f"JSON nested deeper than {MAX_DEPTH} levels"
-                if not why and not nesting_ok(rec, MAX_DEPTH, line.count("[") + line.count("{")):
+                if not why and not fast.hit and not nesting_ok(rec, MAX_DEPTH, line.count("[") + line.count("{")):
                     rec, why = None, f"JSON nested deeper than {MAX_DEPTH} levels"
             if why:
                 bad += 1
@@ -418,6 +429,64 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
     elif dump.completeness.status == "unknown":
         dump.notes.append(dump.completeness.message)
     return dump
+
+
+#: a tensor record line as this project's writer spells it: name and dtype strings without escapes,
+#: ``0``/``1``, ``[]``, the shape, the statistics (numbers only) and the optional extra object
+_RECORD_LINE = re.compile(r'\["([^"\\\x00-\x1f]*)", ([01]), \[\], "([^"\\\x00-\x1f]*)", (\[[0-9, ]*\]), '
+                          r'(\[[^\[\]{}"\\]*\])(?:, (\{.*\}))?\]\n?\Z', re.S)
+#: distinct extras (without a data file name) and shapes remembered by their text, at most this many
+FAST_CACHE_MAX = 1 << 16
+
+
+class _FastLines:
+    """Parse a record line of the common form (:data:`_RECORD_LINE`) without building it through
+    ``json.loads`` field by field: the name and dtype are taken as they are (no escapes), the
+    shape, statistics and extra are JSON-parsed on their own, the shape and the extra (when it
+    names no data file) once per distinct text, their objects shared by the records spelling
+    them alike (records are read-only). :meth:`parse` returns exactly ``json.loads(line)``, or
+    None for any other line (which then goes through ``json.loads`` and every check); ``hit``:
+    the last line was parsed here (its nesting is checked here: the extra at most
+    ``MAX_DEPTH - 1`` deep)."""
+
+    __slots__ = ("shapes", "extras", "hit")
+
+    def __init__(self) -> None:
+        self.shapes: Dict[str, Any] = {}
+        self.extras: Dict[str, Any] = {}
+        self.hit = False
+
+    def parse(self, line: str) -> Optional[list]:
+        self.hit = False
+        m = _RECORD_LINE.match(line)
+        if m is None:
+            return None
+        name, flag, dtype, shape_text, stats_text, extra_text = m.groups()
+        try:
+            shape = self.shapes.get(shape_text)
+            if shape is None:
+                shape = json.loads(shape_text)
+                if len(self.shapes) >= FAST_CACHE_MAX:
+                    self.shapes.clear()
+                self.shapes[shape_text] = shape
+            stats = json.loads(stats_text)
+            if extra_text is None:
+                self.hit = True
+                return [name, int(flag), [], dtype, shape, stats]
+            extra = self.extras.get(extra_text)
+            if extra is None:
+                extra = json.loads(extra_text)
+                if not isinstance(extra, dict) or not nesting_ok(
+                        extra, MAX_DEPTH - 1, extra_text.count("[") + extra_text.count("{")):
+                    return None
+                if '"npy"' not in extra_text:
+                    if len(self.extras) >= FAST_CACHE_MAX:
+                        self.extras.clear()
+                    self.extras[extra_text] = extra
+        except (ValueError, RecursionError):
+            return None    # the whole line's json.loads says why
+        self.hit = True
+        return [name, int(flag), [], dtype, shape, stats, extra]
 
 
 def _split_name(name: str, names: Dict[str, tuple]):
@@ -493,7 +562,8 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         shape = pool.setdefault(shape, shape)
         if "call" not in extra and len(extra) <= 8:
             try:
-                items = ("extra",) + tuple((k, v) for k, v in extra.items() if k != "npy")
+                items = ("extra",) + (tuple(extra.items()) if "npy" not in extra else
+                                      tuple((k, v) for k, v in extra.items() if k != "npy"))
                 kept = pool.get(items)
                 if kept is None:
                     kept = pool[items] = dict(items[1:])

@@ -99,3 +99,59 @@ def test_write_advisor_file(tmp_path):
     assert text == adv.text()
     assert text.splitlines()[1] == "Suspect Nodes: Torch_matmul_0_forward"
     assert "pass fractions" in text
+
+
+def _tricky_table():
+    """A table with every kind of cell the writer formats: quotes, commas, line breaks, formulas,
+    NaN/inf/-0.0, lists, None, bools, str subclasses, numbers that must keep all their digits."""
+    t = _table()
+    n = len(t)
+
+    class Name(str):
+        pass
+
+    texts = ['a,b', 'say "hi"', "line\nbreak", "cr\rhere", "=SUM(A1)", "-0.5", "+x", "@me", "\tt", "plain",
+             Name("=sub"), ""]
+    t["NPU Name"] = [texts[i % len(texts)] for i in range(n)]
+    t["Bench Name"] = [None if i % 2 else texts[(i + 3) % len(texts)] for i in range(n)]
+    t["NPU Tensor Shape"] = [[2, 3] if i % 2 else [] for i in range(n)]
+    t["Err_message"] = [float("nan") if i % 3 == 0 else "x, y" for i in range(n)]
+    floats = [0.1, 1e16, 1e-05, -0.0, math.inf, -math.inf, math.nan, 1 / 3, 5e-324, 123456789.123456789]
+    t["Cosine"] = [floats[i % len(floats)] for i in range(n)]
+    t["NPU max"] = pd.array([1.5 if i % 2 else None for i in range(n)], dtype="Float64")
+    t["Bench max"] = [True if i % 2 else 7 for i in range(n)]
+    return t
+
+
+@pytest.mark.parametrize("stack_mode", [False, True])
+@pytest.mark.parametrize("block", [1, 3, 8192])
+def test_csv_text_is_byte_identical_to_pandas_to_csv(stack_mode, block, monkeypatch):
+    # csv_text formats the table column by column, a block of rows at a time; pandas' to_csv of
+    # csv_frame is the reference
+    monkeypatch.setattr(csv_report, "ROWS_PER_BLOCK", block)
+    t = _tricky_table()
+    ref = csv_report.csv_frame(t, stack_mode).to_csv(index=False, na_rep=csv_report.NA, lineterminator="\n")
+    assert csv_report.csv_text(t, stack_mode) == ref
+    assert '"say ""hi"""' in ref and "'=SUM(A1)" in ref and ",-0.5," in ref and "1e+16" in ref
+
+
+@pytest.mark.parametrize("summary", [False, True])
+def test_csv_text_of_a_real_tiny_gpt_compare_is_pandas_to_csv(tmp_path, summary):
+    from real_dumps import dump_one_step, perturb
+
+    from pytest_ptdbg.comparison.table import build_table
+    from pytest_ptdbg.dump.reader import read_dump
+
+    npu = dump_one_step(tmp_path / "n", "tiny_gpt", summary_only=summary,
+                        prepare=lambda m: perturb(m, "blocks.0.attn.qkv.weight", rel=1e-2))
+    bench = dump_one_step(tmp_path / "b", "tiny_gpt", summary_only=summary)
+    t = build_table(read_dump(npu.rank_dir), read_dump(bench.rank_dir))
+    assert (t["Accuracy Reached or Not"] == "No").any()     # a real fault: failing rows are written too
+    for sm in (False, True):
+        assert csv_report.csv_text(t, sm) == csv_report.csv_frame(t, sm).to_csv(
+            index=False, na_rep=csv_report.NA, lineterminator="\n")
+
+
+def test_empty_table_writes_the_header_only():
+    t = _table().iloc[0:0]
+    assert csv_report.csv_text(t) == ",".join(FULL) + "\n"
