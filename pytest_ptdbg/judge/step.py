@@ -27,6 +27,8 @@ Root causes are ranked in execution order (the earliest first). The table's ``_a
 """
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
@@ -276,6 +278,7 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
     return j
 
 
+@np.errstate(invalid="ignore", over="ignore", divide="ignore")  # NaN/Inf statistics are data here
 def _inputs_differ(table: pd.DataFrame) -> Optional[tuple]:
     """``(row, error)`` of the first input row (execution order) that differs from the bench's by
     more than :data:`INPUTS_DIFFER` (and 4 roundings of its dtype) while every row before it
@@ -376,12 +379,14 @@ def rescan_hint(apis: Sequence[str]) -> str:
 # ----------------------------------------------------------------------------------- statistics
 
 
+@functools.lru_cache(maxsize=64)
 def _unit(dtype: str) -> float:
     from pytest_ptdbg.judge.budget import unit_roundoff
 
     return unit_roundoff(dtype)
 
 
+@np.errstate(invalid="ignore", over="ignore", divide="ignore")  # NaN/Inf statistics are data here
 def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
                       floor_units: float = STAT_FLOOR_UNITS, significant: float = STAT_SIGNIFICANT) -> List[RootCause]:
     """Root causes from statistics alone (summary compare, or a compare without replay).

@@ -78,6 +78,35 @@ def test_nan_appearing_is_flagged(tmp_path):
     assert r.first_suspect.api == "Functional_linear_1_forward" and r.first_suspect.kind == "nonfinite"
 
 
+@pytest.mark.parametrize("data", [True, False])
+def test_nan_statistics_raise_no_warning_into_a_strict_run(tmp_path, data):
+    """NaN and Inf statistics are data: a compare under ``-W error`` (warnings as errors, as many
+    CI runs are) judges them without a numpy RuntimeWarning."""
+    import warnings
+
+    import torch
+
+    from pytest_ptdbg import PrecisionDebugger
+
+    def run(root, scale):
+        dbg = PrecisionDebugger(dump_path=str(root), hook_name="dump", step=[0])
+        dbg.configure_hook(mode="api_stack", summary_only=not data)
+        x = torch.tensor([1.0, float("inf"), -2.0, 3.0] * 64)
+        dbg.start()
+        y = torch.relu(x) * scale  # Inf on both sides: inf - inf in the statistics
+        torch.tanh(y)
+        dbg.stop()
+        dbg.close()
+        return str(root / "ptdbg_dump_v4.0" / "step0" / "rank0")
+
+    npu, bench = run(tmp_path / "n", 1.5), run(tmp_path / "b", 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = compare({"npu_pkl_path": npu + "/api_stack_dump.pkl", "bench_pkl_path": bench + "/api_stack_dump.pkl",
+                     "is_print_compare_log": False}, str(tmp_path / "out"))
+    assert not r.passed and r.first_suspect.api == "Tensor_mul_0_forward"
+
+
 def test_summary_compare_without_data_dirs(tmp_path):
     npu, bench = _pair(tmp_path, dumps.mlp_apis(fault="forward", fault_scale=0.9), dumps.mlp_apis())
     r = compare(_param(npu, bench, data=False), str(tmp_path / "out"))
