@@ -21,6 +21,11 @@ is deleted untimed. If ``msprobe`` (mindstudio-probe) imports, its statistics
 mode is measured side by side (its debugger is a per-process singleton: one task per run); it is
 never a dependency. ``--cpu`` times the main thread's CPU instead of wall time (steadier when the
 machine is shared; it leaves out the debugger's background I/O thread).
+
+Measured 2026-12-02 00:50-01:05, ``--reps 5``, wall clock, load average below 1, this tree then
+b14dae3 right after (statistics / full tensors): loop 9.71x / 41.0x (b14dae3 16.5x / 63.7x),
+gpt2_tiny 3.22x / 11.7x (3.62x / 14.3x), gpt2_4l 1.25x / 2.38x (1.41x / 2.68x), mlp 2.44x / 4.33x
+(2.62x / 4.76x), transformer 1.46x / 2.38x (1.47x / 2.22x). No goal met; why: README "Speed".
 """
 from __future__ import annotations
 
