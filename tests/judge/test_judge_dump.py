@@ -12,23 +12,26 @@ from pytest_ptdbg import compare  # noqa: E402
 from pytest_ptdbg.judge import judge_dump  # noqa: E402
 
 
-def _scaled_relu(orig):
-    def relu(*args, **kwargs):
-        ts = tuple(a for a in args if isinstance(a, torch.Tensor))
-        if torch.overrides.has_torch_function(ts):
-            return torch.overrides.handle_torch_function(relu, ts, *args, **kwargs)
-        out = orig(*args, **kwargs)
-        with torch._C.DisableTorchFunction():  # inside the kernel: the capture sees relu only
-            return out * 1.001
-    relu.__module__ = "torch"
-    return relu
+def _relu_times(k):
+    """A relu patched to scale its output by ``k`` inside the kernel: capture sees relu only."""
+    def make(orig):
+        def relu(*args, **kwargs):
+            ts = tuple(a for a in args if isinstance(a, torch.Tensor))
+            if torch.overrides.has_torch_function(ts):
+                return torch.overrides.handle_torch_function(relu, ts, *args, **kwargs)
+            out = orig(*args, **kwargs)
+            with torch._C.DisableTorchFunction():
+                return out * k
+        relu.__module__ = "torch"
+        return relu
+    return make
 
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     mk = tmp_path_factory.mktemp
     clean = dump_one_step(mk("clean")).rank_dir
-    bad = dump_one_step(mk("bad"), around=lambda: patched(torch, "relu", _scaled_relu(torch.relu))).rank_dir
+    bad = dump_one_step(mk("bad"), around=lambda: patched(torch, "relu", _relu_times(1.001)(torch.relu))).rank_dir
     stats = dump_one_step(mk("stats"), summary_only=True).rank_dir
     return {"clean": clean, "bad": bad, "stats": stats}
 
@@ -93,20 +96,6 @@ def test_multihead_attention_with_dropout_is_not_judged_without_a_generator_stat
     mha = [v for v in j.not_judged if v.family == "Functional_multi_head_attention_forward"]
     assert len(mha) == 4 and all("dropout_p=0.1" in v.reason for v in mha), j.text()
     assert any(v.family == "Functional_linear" and str(v.status) == "within budget" for v in j.verdicts)
-
-
-def _relu_times(k):
-    def make(orig):
-        def relu(*args, **kwargs):
-            ts = tuple(a for a in args if isinstance(a, torch.Tensor))
-            if torch.overrides.has_torch_function(ts):
-                return torch.overrides.handle_torch_function(relu, ts, *args, **kwargs)
-            out = orig(*args, **kwargs)
-            with torch._C.DisableTorchFunction():
-                return out * k
-        relu.__module__ = "torch"
-        return relu
-    return make
 
 
 def test_a_call_the_replay_cannot_judge_is_judged_from_its_statistics(tmp_path, monkeypatch):
