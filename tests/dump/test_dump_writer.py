@@ -202,3 +202,34 @@ def test_a_small_tensor_recorded_twice_in_a_batch_is_measured_once(tmp_path):
     t = torch.tanh(x)
     assert recs["Torch_exp_1_forward_input.0"][5][0] == pytest.approx(float((t * 3).max()))
     assert recs["Tensor_mul__0_forward_input.0"][5] == recs["Torch_tanh_0_forward_output.0"][5]
+
+
+def test_large_tensors_of_a_real_training_step_have_float64_accurate_statistics(tmp_path):
+    """A TransformerEncoderLayer step whose feed-forward activations have 2^20 elements (measured
+    chunk by chunk): each such record's statistics agree with float64 statistics of its own saved
+    ``.npy`` (max and min exactly, mean and norm to 1e-6)."""
+    from pytest_ptdbg import PrecisionDebugger
+    from pytest_ptdbg.dump import stats as S
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, dim_feedforward=2048, dropout=0.0, batch_first=True)
+    x = torch.randn(8, 64, 64)
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), hook_name="dump", step=[0])
+    dbg.configure_hook(mode="api_stack", summary_only=False)
+    dbg.start()
+    layer(x).square().mean().backward()
+    dbg.stop()
+    dbg.close()
+    rank = os.path.join(str(tmp_path), "ptdbg_dump_v4.0", "step0", "rank0")
+    big = 0
+    for line in open(os.path.join(rank, "api_stack_dump.pkl")):
+        rec = json.loads(line)
+        if "stack_info" in rec[0] or not rec[4] or int(np.prod(rec[4])) < S.CHUNKED_MIN:
+            continue
+        a = np.load(os.path.join(rank, "api_stack_dump", rec[0] + ".npy"), allow_pickle=False).astype(np.float64)
+        mx, mn, mean, l2 = rec[5]
+        assert (mx, mn) == (a.max(), a.min()), rec[0]
+        assert mean == pytest.approx(a.mean(), rel=1e-6, abs=1e-9), rec[0]
+        assert l2 == pytest.approx(np.sqrt((a * a).sum()), rel=1e-6), rec[0]
+        big += 1
+    assert big >= 4  # linear1's output, relu's input and output, linear2's input, their gradients
