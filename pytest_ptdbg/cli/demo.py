@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence
 
 from pytest_ptdbg.format import records
 
-DEFAULT_OUT = "ptdbg_report"
+DEFAULT_OUT = "ptdbg-report"  # the README's name
 
 
 @dataclass
