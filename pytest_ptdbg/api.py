@@ -178,7 +178,7 @@ def _compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = F
     if summary is None:
         summary = not (npu.has_data and bench.has_data)
         if summary and (npu.has_data or bench.has_data):
-            side = "bench" if npu.has_data else "NPU"
+            side = "bench" if npu.has_data else "device"
             notes.append(f"the {side} dump has no saved tensors: statistics (summary) compare")
     elif not summary and not (npu.has_data and bench.has_data):
         problems.append("full compare asked for but a dump has no saved tensors: those rows are Nan")
@@ -190,7 +190,8 @@ def _compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = F
                         rule=rule, thresholds=thresholds, problems=problems,
                         progress=say if log else None)
     say(f"{len(table)} rows in {time.perf_counter() - t0:.2f} s")
-    judged = _judge(npu, bench, table, problems, notes, replay_check, replay_device, say)
+    judged = _judge(npu, bench, table, problems, notes, replay_check, replay_device, say,
+                    summary_asked=summary_compare is True)
     npu = bench = None   # the records are not needed for the reports: their memory is free again
     result = _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, tag, judged,
                      gate, notes, stem=report_stem)
@@ -213,12 +214,14 @@ def _has_call_specs(dump: reader.Dump) -> bool:
 
 
 def _judge(npu: reader.Dump, bench: reader.Dump, table: pd.DataFrame, problems: List[str], notes: List[str],
-           replay_check: bool, device: str, say: Callable[[str], None]) -> StepJudgement:
-    """The default judgement: the NPU dump's calls replayed (when it has full tensors), the table's
-    unusable rows, changed arguments and one-sided calls."""
+           replay_check: bool, device: str, say: Callable[[str], None],
+           summary_asked: bool = False) -> StepJudgement:
+    """The default judgement: the device dump's calls replayed (when its full tensors are read), the
+    table's unusable rows, changed arguments and one-sided calls. ``summary_asked``: a statistics
+    compare was asked for (``summary_compare=True``, ``--summary``), so no tensor was read."""
     replay = None
     if replay_check and npu.has_data and not _has_call_specs(npu):
-        notes.append("replay check skipped: the NPU dump records no call arguments (a dump written "
+        notes.append("replay check skipped: the device dump records no call arguments (a dump written "
                      "by ptdbg, msprobe or an older version): judged from statistics")
     elif replay_check and npu.has_data:
         try:
@@ -229,8 +232,11 @@ def _judge(npu: reader.Dump, bench: reader.Dump, table: pd.DataFrame, problems: 
             notes.append(f"replay check skipped: {e} (it needs torch); judged from statistics")
         except Exception as e:  # noqa: BLE001 - a failed replay must not lose the compare's reports
             notes.append(f"replay check failed: {type(e).__name__}: {e}; judged from statistics")
+    elif replay_check and summary_asked:
+        notes.append("statistics (summary) compare asked for: the tensors were not read, so the calls "
+                     "are judged from statistics, not by replay (localisation is weaker)")
     elif replay_check:
-        notes.append("the NPU dump has no full tensors: judged from statistics (localisation is weaker)")
+        notes.append("the device dump has no full tensors: judged from statistics (localisation is weaker)")
     return judge_step(table, problems, replay)
 
 
@@ -254,11 +260,12 @@ def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyz
         csv_path = files.write("csv", csv_text(table, stack_mode))
         advice = advise(table)
         apply_judgement(advice, judged, table)
+        passed = judged.passed if gate == "judge" else judge_passed(table, problems)
+        advice.passed = passed   # the gate's verdict: every report says it (advise.advisor.decide)
         advisor_path = None
         if auto_analyze:
             advisor_path = files.write("advisor", advice.text() + _problems_text(problems, notes))
         html_path = files.write("html", render_html(table, advice, title=f"ptdbg compare {tag}".strip()))
-    passed = judged.passed if gate == "judge" else judge_passed(table, problems)
     n_no = int((table["Accuracy Reached or Not"] == "No").sum()) if len(table) else 0
     say(f"{n_no} of {len(table)} rows fail ptdbg's rule; "
         f"{'PASSED' if passed else 'FAILED'} ({'default judgement' if gate == 'judge' else gate + ' rule'}); "

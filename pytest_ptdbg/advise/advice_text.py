@@ -77,6 +77,16 @@ _LOW_PRECISION = {"torch.float16": ("float16", 2.0 ** -11), "torch.bfloat16": ("
                   "torch.half": ("float16", 2.0 ** -11)}
 
 
+#: the advice for a step whose inputs differ at the start (the advisor's and the judgement's)
+INPUTS_DIFFER_ADVICE = (
+    "Its inputs already differ from the bench before any recorded call differed: the data, the "
+    "initial weights or the random state differ between the two runs (another seed, other "
+    "weights, unseeded data), or something not recorded (an in-place write, a copy from another "
+    "device) changed them. No call computed wrongly. Seed both runs the same way "
+    "(seed_all(seed)), load the same weights (the same checkpoint or state_dict) and feed the "
+    "same batch, then compare again.")
+
+
 def op_name(family: str) -> str:
     """The bare operator of ``{Type}_{api}``: ``Tensor___matmul___`` -> ``matmul``."""
     name = family.split("_", 1)[1] if "_" in family else family
@@ -103,6 +113,8 @@ def categorize(family: str, kind: str, ctx: str = "",
         return UNPAIRED
     if kind == "inherited":
         return INHERITED
+    if kind == "inputs":
+        return INPUTS_DIFFER
     if ctx == "optimizer":
         return OPTIMIZER
     if family.startswith("Distributed"):
@@ -199,6 +211,15 @@ def format_stack(stack: Optional[Sequence[Sequence[object]]]) -> str:
 
 # ----------------------------------------------------------------------------------- advice
 
+def side_word(side: str) -> str:
+    """A dump side in words: ``"device"`` for ptdbg's ``"NPU"`` (the device under test, whatever
+    it is: a CPU, a GPU), ``"bench"`` otherwise; "" when unknown. ptdbg's CSV column names
+    (``NPU Name``, ``NPU max``) keep its spelling."""
+    if not side:
+        return ""
+    return "device" if str(side).upper() == "NPU" else str(side)
+
+
 def _where(direction: str) -> Tuple[str, str]:
     if direction == "backward":
         return "the gradient arriving at it (and its forward tensors)", "the gradients it produces"
@@ -258,16 +279,12 @@ def advice_for(category: str, kind: str, family: str, direction: str, input_erro
                 "input ranges (NPU max/min in the CSV), subtract the max before exp, add an eps, or "
                 "compute this op in float32. The overflow_check hook stops at the first such call.")
     if category == UNPAIRED:
-        where = f"the {side} side" if side else "one side"
+        where = f"the {side_word(side)} side" if side else "one side"
         return (f"This call exists only on {where}: a device-specific API, an extra cast or copy, or "
                 "a different code path. Check its stack; if it changes values (a cast to a lower "
                 "precision, a fused kernel), the errors after it start here.")
     if category == INPUTS_DIFFER:
-        return ("Its inputs already differ from the bench, and no earlier recorded call created the "
-                "difference: the data, the initial weights or the random state differ between the "
-                "two runs, or something not recorded (an in-place write, a custom kernel, a copy "
-                "from another device) changed them. Check seeds (seed_all), data loading and "
-                "checkpoint loading.")
+        return INPUTS_DIFFER_ADVICE
     if category == NEGLIGIBLE:
         if summary:
             return (f"It agrees with the bench to {fmt_error(output_error)} (of its range), yet fails "

@@ -78,6 +78,7 @@ class Kind(TextEnum):
     NONFINITE = "nonfinite"    # NaN/Inf first appears here
     UNPAIRED = "unpaired"      # the call exists on one side only
     INHERITED = "inherited"    # it only passes on error it received
+    INPUTS = "inputs"          # its inputs differ at the start: data, weights or random state
 
 
 class Role(TextEnum):
@@ -89,6 +90,10 @@ class Role(TextEnum):
     LATENT = "latent"          # passes its own verdict but creates the error that fails later
     SENSITIVE = "sensitive"    # a discontinuous op where a few elements flip on tiny input differences
     NEGLIGIBLE = "negligible"  # inherited: fails a strict rule at noise level
+
+
+def _unknown(x: Optional[float]) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
 
 
 @dataclass
@@ -142,6 +147,19 @@ class Suspect:
         carried = math.isinf(self.input_error) and math.isinf(self.output_error)
         return fmt_growth(self.growth, carried)
 
+    def error_text(self, arrow: str = "->") -> str:
+        """``error 1e-07 in -> 2e-03 out (x2e4)`` with only what is known ("" when nothing is)."""
+        known = [not _unknown(self.input_error), not _unknown(self.output_error)]
+        if self.kind == "unpaired" or not any(known):
+            return ""
+        if not known[0]:
+            return f"error {fmt_error(self.output_error)} out"
+        if not known[1]:
+            return f"error {fmt_error(self.input_error)} in"
+        g = "" if _unknown(self.growth) else f" ({self.growth_text})"
+        return (f"error {fmt_error(self.input_error)} in {arrow} {fmt_error(self.output_error)} out"
+                + g)
+
     @property
     def location(self) -> str:
         """Where the call is in the user's code: the first stack frame outside torch."""
@@ -177,53 +195,71 @@ class Advice:
     n_root_causes: int = 0
     #: the default judgement of the step (``judge.step.StepJudgement``), when compare made one
     judgement: Optional[Any] = None
+    #: the verdict of the rule that gated the compare (compare() and the plugin set it); None:
+    #: the judgement's, else the table's (see :func:`decide`)
+    passed: Optional[bool] = None
+
+    @property
+    def decision(self) -> "Decision":
+        """The verdict and the first suspect, as every output says them (:func:`decide`)."""
+        return decide(self)
 
     @property
     def first(self) -> Optional[Suspect]:
-        return self.suspects[0] if self.suspects else None
+        """The first suspect: None when the comparison passed (:func:`decide`)."""
+        return self.decision.first
 
     @property
     def root_causes(self) -> List[Suspect]:
-        return [s for s in self.suspects if s.kind != "inherited"]
+        """The suspects that are root causes: none when the comparison passed."""
+        return self.decision.root_causes
 
     def text(self) -> str:
-        """The advisor file: ptdbg's three lines for the first suspect, then the ranked list."""
+        """The advisor file: ptdbg's three lines for the first suspect, then the ranked list.
+
+        The verdict and the first suspect are :func:`decide`'s, as in every other output: a
+        passing comparison names no suspect; the differences it explains are listed as such."""
+        d = self.decision
+        first = d.first
         lines: List[str] = []
-        first = self.first
         if first is None and self.n_compared == 0:
             lines += ["Line: None", "Suspect Nodes: None",
-                      "Expert Advice: Nothing was compared: no tensor of the NPU dump has a partner "
-                      "in the bench dump. Check the paths, the dump mode and the step."]
+                      "Expert Advice: Nothing was compared: no tensor of the device dump has a "
+                      "partner in the bench dump. Check the paths, the dump mode and the step."]
+        elif first is None and d.passed:
+            lines += ["Line: None", "Suspect Nodes: None", "Expert Advice: " + self.passed_text()]
         elif first is None:
             lines += ["Line: None", "Suspect Nodes: None",
-                      "Expert Advice: All data in the comparison meets the accuracy requirement: "
-                      "every compared tensor agrees with the bench, no API lost precision."]
+                      "Expert Advice: The comparison fails, but no call is a suspect: the data "
+                      "could not be used (see the unusable data below and the CSV's Err_message)."]
         else:
             lines += [f"Line: {first.csv_line}", f"Suspect Nodes: {first.api}",
                       f"Expert Advice: {first.advice}"]
         lines.append("")
+        inh = [x for x in self.suspects if x.kind == Kind.INHERITED]
+        n_inh = max(self.n_inherited, len(inh))
+        n_sus = 0 if d.passed else max(self.n_root_causes, len(d.root_causes))
         lines.append(f"Summary: {self.n_compared} of {self.n_rows} tensor rows compared, "
-                     f"{self.n_failed} fail the verdict; "
-                     f"{max(self.n_root_causes, len(self.root_causes))} suspect call(s), "
-                     f"{self.n_inherited} call(s) with inherited error, "
+                     f"{self.n_failed} fail the per-tensor rule; "
+                     f"{n_sus} suspect call(s), "
+                     f"{n_inh} call(s) with inherited error, "
                      f"{self.n_unpaired} unpaired call(s).")
-        if self.all_agree and first is None:
+        if d.passed and not self.suspects:
             lines.append("Everything agrees: no suspect.")
-        roots = self.root_causes
+        if d.passed and self.suspects:
+            lines += ["", "Differences the verdict explains (not root causes; the comparison "
+                      "passed):"]
+            lines += [f"  - {_explained_line(x)}" for x in self.suspects]
+        roots = d.root_causes
         if roots:
             lines += ["", "Ranked suspects (most likely root cause first):"]
-            for i, s in enumerate(roots, 1):
-                lines += _suspect_lines(i, s)
-        inh = [s for s in self.suspects if s.kind == "inherited"]
-        if inh:
+            for i, x in enumerate(roots, 1):
+                lines += _suspect_lines(i, x)
+        if inh and not d.passed:
             lines += ["", "Inherited errors (these calls only pass on error they received; "
                       "not root causes):"]
-            for s in inh:
-                tag = " [negligible: fails a strict rule at noise level]" if s.role == "negligible" else ""
-                lines.append(f"  - {s.api}{tag} (CSV line {s.csv_line}): input error "
-                             f"{fmt_error(s.input_error)}, output error "
-                             f"{fmt_error(s.output_error)} ({s.growth_text})"
-                             f"  at {s.location}")
+            for x in inh:
+                lines.append(f"  - {_explained_line(x)}")
             more = self.n_inherited - len(inh)
             if more > 0:
                 lines.append(f"  ... and {more} more")
@@ -232,32 +268,114 @@ class Advice:
         lines += ["", PASS_FRACTION_NOTE]
         return "\n".join(lines) + "\n"
 
+    def passed_text(self) -> str:
+        """Expert Advice of a passing comparison: what passed, and what the differences are."""
+        if not self.suspects and self.n_failed == 0:
+            return ("All data in the comparison meets the accuracy requirement: every compared "
+                    "tensor agrees with the bench, no API lost precision.")
+        j = self.judgement
+        if j is not None and getattr(j, "replay", None) is not None:
+            why = ("The comparison passes the judgement: replayed from its own recorded inputs, "
+                   "every call's own error is within its budget, and every datum is usable.")
+        elif j is not None:
+            why = ("The comparison passes the judgement (from statistics): no call's statistics "
+                   "differ by more than its inputs' and its dtype's rounding explain, and every "
+                   "datum is usable.")
+        else:
+            why = "The comparison passes its rule."
+        if self.n_failed:
+            why += (f" {self.n_failed} tensor row(s) fail the per-tensor rule of the CSV: the calls "
+                    "behind them pass on differences they received, or round a tensor that is "
+                    "zero in exact arithmetic (such as the bias gradient of a conv before a "
+                    "BatchNorm); none is a root cause.")
+        return why + " Nothing to fix."
+
     def to_dict(self) -> Dict[str, Any]:
-        """JSON-able summary (non-finite numbers become None)."""
+        """JSON-able summary (non-finite numbers become None); ``passed`` and ``first`` are
+        :func:`decide`'s."""
+        d = self.decision
         return {
+            "passed": d.passed,
             "all_agree": self.all_agree,
             "n_rows": self.n_rows, "n_compared": self.n_compared, "n_failed": self.n_failed,
             "n_inherited": self.n_inherited, "n_unpaired": self.n_unpaired,
-            "n_root_causes": self.n_root_causes,
-            "first": self.first.api if self.first else None,
+            "n_root_causes": 0 if d.passed else self.n_root_causes,
+            "first": d.first.api if d.first else None,
             "suspects": [s.to_dict() for s in self.suspects],
             "judgement": self.judgement.to_dict() if self.judgement is not None else None,
         }
 
 
+@dataclass(frozen=True)
+class Decision:
+    """The verdict of one comparison and its first suspect, as every output says them."""
+
+    passed: bool
+    #: the first suspect: None when the comparison passed
+    first: Optional[Suspect]
+    #: the root causes (every suspect but the inherited ones); none when it passed
+    root_causes: List[Suspect]
+
+
+def decide(advice: Advice, passed: Optional[bool] = None) -> Decision:
+    """Whether the comparison passed, and what its first suspect is: the one place that decides.
+
+    ``passed``: the verdict of the gate (else ``advice.passed``, set by ``compare()`` and the
+    plugin; else the judgement's; else the table's: every compared tensor agrees and no call is
+    on one side only). A comparison that passed has no suspect and no root cause: the advisor's
+    suspects are then differences the verdict explains. One that failed names its top suspect.
+    """
+    if passed is None:
+        passed = advice.passed
+    if passed is None:
+        j = advice.judgement
+        passed = bool(j.passed) if j is not None else bool(advice.all_agree and not advice.n_unpaired)
+    if passed:
+        return Decision(True, None, [])
+    roots = [s for s in advice.suspects if s.kind != Kind.INHERITED]
+    return Decision(False, advice.suspects[0] if advice.suspects else None, roots)
+
+
+def side_word(side: str) -> str:
+    """A dump side for people: ``"device"`` (ptdbg's ``"NPU"``) or ``"bench"``."""
+    return at.side_word(side)
+
+
+def kind_text(s: Suspect) -> str:
+    """What a suspect is, in words (``own error``, ``only on the device side``, ...)."""
+    return {"own": "own error", "nonfinite": "NaN/Inf appears here",
+            "inputs": "inputs differ at the start",
+            "unpaired": f"only on the {at.side_word(s.side) or 'one'} side",
+            "inherited": "inherited"}.get(s.kind, str(s.kind))
+
+
+def _explained_line(s: Suspect) -> str:
+    """One line for a call the verdict explains (inherited, within budget, bookkeeping)."""
+    tag = {"negligible": " [negligible: fails a strict rule at noise level]",
+           "amplifier": " [amplifies a difference it received]"}.get(s.role, "")
+    if s.role == "amplifier" and not (s.input_error > NOISE_FLOOR):  # it received none
+        tag = ""
+    what = kind_text(s) if s.kind != "inherited" else ""
+    if s.replay == "inherited":
+        what = (what + ", " if what else "") + "within its own-error budget on replay"
+    head = f"{s.api}{tag}" + (f" (CSV line {s.csv_line})" if s.csv_line else "")
+    bits = [b for b in (what, s.error_text()) if b]
+    return head + (": " + ", ".join(bits) if bits else "") + f"  at {s.location}"
+
+
 def _suspect_lines(i: int, s: Suspect) -> List[str]:
-    kind = {"own": "own error", "nonfinite": "NaN/Inf appears here",
-            "unpaired": f"only on the {s.side or 'one'} side"}.get(s.kind, str(s.kind))
+    kind = kind_text(s)
     if s.replay in ("own", "inherited"):
         kind += {"own": ", confirmed by replay", "inherited": ", accurate on replay"}[s.replay]
     kind += {"amplifier": ", amplifies an earlier error",
              "sensitive": ", a few elements flip on tiny input differences",
              "latent": ", passes its own verdict but causes a later failure",
              "negligible": ", negligible difference"}.get(s.role, "")
-    out = [f"{i}. {s.api}  [{kind}; {s.direction}; {s.category}]  CSV line {s.csv_line}"]
-    if s.kind != "unpaired":
-        out.append(f"   error {fmt_error(s.input_error)} in -> {fmt_error(s.output_error)} out "
-                   f"({s.growth_text})" + ("  [in optimizer step]" if s.ctx else ""))
+    cat = f"; {s.category}" if s.category and s.category != kind else ""
+    out = [f"{i}. {s.api}  [{kind}; {s.direction}{cat}]" + (f"  CSV line {s.csv_line}" if s.csv_line else "")]
+    err = s.error_text()
+    if err or s.ctx:
+        out.append(f"   {err}".rstrip() + ("  [in optimizer step]" if s.ctx else ""))
     out.append(f"   at {s.location}")
     out.append(f"   advice: {s.advice}")
     return out
@@ -525,11 +643,16 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
     kinds.update({id(v): Kind.OWN for v in own + latent})
     suspects = [_suspect(table, v, kinds.get(id(v), Kind.UNPAIRED), role=roles.get(id(v), Role.NONE),
                          explains=explains.get(id(v), "")) for v in ranked]
+    n_start = 0
     for j, v in enumerate(inherited[:top]):
         before = [c for c in causes if c.order < v.order]
         up = max(before, key=lambda c: c.order).api if before else ""
-        # the earliest inherited error with no recorded cause before it: the inputs differ at the start
-        suspects.append(_suspect(table, v, Kind.INHERITED, upstream=up, start=j == 0 and not before))
+        # the earliest inherited error with no recorded cause before it: the inputs differ at the
+        # start (the data, the weights or the random state): a root cause of its own kind
+        start = j == 0 and not before
+        n_start += start
+        suspects.append(_suspect(table, v, Kind.INPUTS if start else Kind.INHERITED, upstream=up,
+                                 start=start))
     suspects += [_suspect(table, v, Kind.INHERITED, role=Role.NEGLIGIBLE,
                           summary=is_summary(table)) for v in negligible[:top]]
     left = top - len(ranked)
@@ -541,8 +664,8 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
         suspects=suspects,
         all_agree=n_failed == 0 and not any_nan and bool(paired.any()),
         n_rows=len(table), n_compared=int(paired.sum()), n_failed=n_failed,
-        n_inherited=len(inherited) + len(negligible), n_unpaired=len(unpaired),
-        n_root_causes=len(nonfinite) + len(origins) + len(amplifiers) + len(unpaired),
+        n_inherited=len(inherited) + len(negligible) - n_start, n_unpaired=len(unpaired),
+        n_root_causes=len(nonfinite) + len(origins) + len(amplifiers) + len(unpaired) + n_start,
     )
 
 
@@ -550,7 +673,7 @@ def _suspect(table: pd.DataFrame, v: _ApiView, kind: Kind, upstream: str = "",
              start: bool = False, role: Role = Role.NONE, summary: bool = False,
              explains: str = "") -> Suspect:
     row = {"nonfinite": v.nan_row, "own": v.fail_row if v.fail_row >= 0 else v.err_row,
-           "inherited": v.fail_row}.get(kind, v.first_row)
+           "inherited": v.fail_row, "inputs": v.fail_row}.get(kind, v.first_row)
     row = v.first_row if row < 0 else row
     g = _growth(v.out_err, v.in_err) if kind != "unpaired" else math.nan
     cat = at.categorize(v.family, kind, v.ctx, v.npu_dtypes, v.bench_dtypes)

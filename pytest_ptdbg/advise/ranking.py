@@ -34,6 +34,7 @@ class FaultCategory(TextEnum):
     WRONG_FORMULA = "wrong formula"
     CODE_PATH = "code path differs"
     BY_STATISTICS = "own error by statistics"
+    INPUTS_DIFFER = "inputs differ at the start"
 
 
 _LOW = ("bfloat16", "float16")
@@ -50,6 +51,8 @@ def fault_category(rc: RootCause) -> FaultCategory:
         return FaultCategory.CODE_PATH
     if rc.cause == Cause.STATISTICS:
         return FaultCategory.BY_STATISTICS
+    if rc.cause == Cause.INPUTS_DIFFER:
+        return FaultCategory.INPUTS_DIFFER
     if any(d in rc.detail for d in ("matches a torch.bfloat16", "matches a torch.float16")) or \
             any(f"({d}" in rc.detail or f"torch.{d};" in rc.detail for d in _LOW):
         return FaultCategory.REDUCED_PRECISION
@@ -72,15 +75,20 @@ def advice_for_cause(rc: RootCause, category: FaultCategory) -> str:
                 "(in its dtype and in float64) does not produce it: the kernel overflows or divides "
                 "by zero where a correct one does not. Compute it in float32, subtract the max "
                 "before exp, clamp or add an eps before log/sqrt/division. " + replay)
+    if category == FaultCategory.INPUTS_DIFFER:
+        return f"{at.INPUTS_DIFFER_ADVICE} (Here {rc.detail.split(' before ')[0]}.)"
     if category == FaultCategory.CODE_PATH:
-        return (f"This call runs only on the {rc.side} side ({rc.detail}): another code path, an "
+        side = at.side_word(rc.side)
+        why = rc.detail.split(": ", 1)[-1] if rc.detail.startswith("only on the ") else rc.detail
+        return (f"This call runs only on the {side} side ({why}): another code path, an "
                 "extra cast or op. If it lowers precision (a cast to float16/bfloat16, a hand-written "
                 "softmax without the max subtraction), make both sides run the same code, or keep "
                 "the computation in float32.")
     if category == FaultCategory.BY_STATISTICS:
         return (f"From statistics only: {rc.detail}. Localisation without full tensors is weaker; "
                 "re-dump this call in full (summary_only=False, mode=\"list\") to judge it by replay.")
-    size = f"{fmt_error(rc.own_error)} (budget {fmt_error(rc.budget)})"
+    size = (f"{fmt_error(rc.own_error)} (budget {fmt_error(rc.budget)})" if rc.own_error == rc.own_error
+            and rc.budget == rc.budget else "more than its budget")  # unknown numbers are left out
     if category == FaultCategory.REDUCED_PRECISION:
         return (f"{op} loses precision by itself: on its own recorded inputs {where} are off by "
                 f"{size}, more than a correct kernel in its compute dtype makes. The kernel computes "
@@ -98,6 +106,8 @@ def _kind(rc: RootCause) -> Kind:
         return Kind.NONFINITE
     if rc.cause in (Cause.ONE_SIDED, Cause.UNPAIRED):
         return Kind.UNPAIRED
+    if rc.cause == Cause.INPUTS_DIFFER:
+        return Kind.INPUTS
     return Kind.OWN
 
 
@@ -133,7 +143,8 @@ def apply_judgement(advice: Advice, judgement: Optional[StepJudgement], table: p
         cat = fault_category(rc)
         if s is None:
             s = _new_suspect(rc, table)
-        if s.kind == Kind.INHERITED or not s.category or rc.cause == Cause.CHANGED_ARGUMENT:
+        if s.kind == Kind.INHERITED or not s.category or rc.cause in (Cause.CHANGED_ARGUMENT,
+                                                                        Cause.INPUTS_DIFFER):
             s.category = str(cat)  # the table's view of it (inherited...) does not hold
         s.kind, s.role, s.fault = _kind(rc), Role.ORIGIN, cat
         if rc.cause == Cause.UNPAIRED:

@@ -162,6 +162,11 @@ def _num(table: pd.DataFrame, name: str) -> np.ndarray:
     return pd.to_numeric(table[name], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
 
 
+def _side_word(side: str) -> str:
+    """``"device"`` for ptdbg's ``"NPU"`` side (the device under test, whatever it is), else the side."""
+    return "device" if side == "NPU" else side
+
+
 def _side(api: str, bench_api: str, npu_name: str) -> str:
     return "NPU" if (npu_name and npu_name.lower() not in ("nan", "n/a", "")) else "bench"
 
@@ -222,11 +227,11 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
             continue
         if cp == "value-changing":
             why = msg[i].split("; ", 1)[-1] if "value-changing" in msg[i] else "it changes values"
-            add(RootCause(apis[i], direction[i], Cause.ONE_SIDED, f"only on the {side} side: {why}",
+            add(RootCause(apis[i], direction[i], Cause.ONE_SIDED, f"only on the {_side_word(side)} side: {why}",
                           int(order[i]), first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i]))
             continue
         if unusable[i] or not has_code_path:
-            add(RootCause(apis[i], direction[i], Cause.UNPAIRED, f"only on the {side} side"
+            add(RootCause(apis[i], direction[i], Cause.UNPAIRED, f"only on the {_side_word(side)} side"
                           + ("" if has_code_path else " (not classified)"),
                           int(order[i]), first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i]))
             bad_rows.append(f"CSV line {i + 2}: {apis[i]}: {msg[i] or 'on one side only'}")

@@ -130,6 +130,15 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
         # thresholds that would pass: only when every failure is a threshold matter
         needed = _needed(table[failing], s) if failing.any() and not unusable.any() and not problems else {}
         passed = not failing.any() and not problems
+    if advice is not None and advice.passed != passed:
+        import dataclasses
+
+        # the verdict decides the first suspect (advise.advisor.decide): a passing one has none
+        advice = dataclasses.replace(advice, passed=passed)
+    if passed and s.rule == "judge":
+        # what the verdict used: the call closest to its own-error budget, not the largest
+        # per-tensor difference (a mathematically-zero gradient's is huge and means nothing)
+        worst = _closest_to_budget(getattr(cmp, "judgement", None), ignored_apis(table, ignored)) or worst
     return Evaluation(passed=passed, table=table, advice=advice, settings=s,
                       compare_result=cmp,
                       n_failed=int(failing.sum()), n_ignored=int(ignored.sum()), worst=worst,
@@ -180,6 +189,32 @@ def _rejudge(cmp: Any, s: Settings) -> Any:
         "element-wise errors lie between the bounds the table keeps. Give the rule and "
         "thresholds to compare(..., rule=, thresholds=) instead, or assert on ptdbg_dump's "
         "result (which compares again).")
+
+
+def ignored_apis(table: Any, ignored: Any) -> set:
+    """The APIs every row of which ``ignored`` leaves out."""
+    if not len(table) or not ignored.any():
+        return set()
+    apis = table["_api"].astype(str).to_numpy()
+    return set(apis[ignored]) - set(apis[~ignored])
+
+
+def _closest_to_budget(judgement: Any, left_out: set) -> Optional[Dict[str, Any]]:
+    """The replayed call with the largest own error / budget (what the judgement passed it on):
+    ``{"api", "tensor", "own_error", "budget", "ratio"}``; None without a replay."""
+    replay = getattr(judgement, "replay", None)
+    if replay is None:
+        return None
+    vs = [v for v in replay.verdicts if v.ratio == v.ratio and v.api not in left_out
+          and str(v.status) != "not judged"]
+    if not vs:
+        return None
+    v = max(vs, key=lambda v: v.ratio)
+    out: Dict[str, Any] = {"api": v.api, "tensor": f"{v.api} {v.worst}".strip(), "ratio": float(v.ratio)}
+    for k in ("own_error", "budget"):
+        x = _to_float(getattr(v, k, math.nan))
+        out[k] = None if not math.isfinite(x) else x
+    return out
 
 
 def _worst(table: Any, considered: Any) -> Optional[Dict[str, Any]]:
@@ -277,14 +312,14 @@ def _needed(failing: Any, s: Settings) -> Dict[str, float]:
 
 def _suspect_line(i: int, s: Any) -> str:
     growth = s.growth if s.growth is not None and math.isfinite(s.growth) else None
+    from pytest_ptdbg.advise.advisor import kind_text
+
     if s.kind == "unpaired":
-        side = getattr(s, "side", "") or "one"
-        side = "device" if side == "NPU" else side   # the advisor's name for the device side
-        return f"  {i}. {s.api} [called on the {side} side only] at {s.location}"
-    what = {"own": "own error", "nonfinite": "NaN/Inf first appears here",
-            "inherited": "inherited error"}.get(s.kind, s.kind)
+        return f"  {i}. {s.api} [{kind_text(s)}] at {s.location}"
+    what = kind_text(s)
+    cat = f"; {s.category}" if s.category and s.category != what else ""
     extra = f", error x{growth:.3g} from inputs to outputs" if growth else ""
-    return f"  {i}. {s.api} [{what}; {s.category}{extra}] at {s.location}"
+    return f"  {i}. {s.api} [{what}{cat}{extra}] at {s.location}"
 
 
 def failure_message(ev: Evaluation, result: Any) -> str:
@@ -314,12 +349,15 @@ def failure_message(ev: Evaluation, result: Any) -> str:
                      f"(unpaired, unreadable, shape or dtype class changed), {len(ev.problems)} problem(s)")
     first = ev.first_suspect
     if first is not None:
-        lines.append(f"first suspect: {first.api} ({first.direction}, {first.kind}, "
-                     f"{first.category})")
+        from pytest_ptdbg.advise.advisor import kind_text
+
+        what = kind_text(first)
+        cat = f", {first.category}" if first.category and first.category != what else ""
+        lines.append(f"first suspect: {first.api} ({first.direction}, {what}{cat})")
         lines.append(f"  at {first.location}")
-        if first.kind != "unpaired":
-            lines.append(f"  error {fmt_number(first.input_error)} in its inputs -> "
-                         f"{fmt_number(first.output_error)} in its outputs")
+        err = first.error_text()   # only what is known
+        if err:
+            lines.append(f"  {err}")
     else:
         lines.append("first suspect: none named by the advisor (see the CSV)")
     if ev.worst:

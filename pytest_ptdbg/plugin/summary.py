@@ -44,19 +44,36 @@ def entry_line(entry: Dict[str, Any]) -> str:
         parts.append(f"({text})")
     worst = entry.get("worst")
     if worst:
-        metrics = " ".join(f"{k}={fmt_number(worst[k], digits=4)}" for k in ("cosine", "max_abs_err", "rel_l2")
-                           if worst.get(k) is not None)
-        parts.append(f"worst: {worst.get('tensor') or worst.get('api')} {metrics}".rstrip())
+        parts.append(worst_text(worst))
     elif verdict in ("passed", "failed"):
         parts.append("worst: none (every compared tensor equal)")
-    # a passing comparison has no root cause: its advisor's suspects are only its largest differences
-    suspect = entry.get("first_suspect") if verdict != "passed" else None
+    suspect = entry_suspect(entry)
     if suspect:
         loc = f" ({suspect['location']})" if suspect.get("location") else ""
         parts.append(f"first suspect: {suspect['api']}{loc}")
     elif verdict in ("passed", "failed"):
         parts.append("first suspect: none")
     return "  ".join(p for p in parts if p)
+
+
+def entry_suspect(entry: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The first suspect of an entry, as the terminal, the JSON and ``index.html`` say it: the
+    verdict's (``advise.advisor.decide`` names none for a passing comparison)."""
+    return entry.get("first_suspect") if entry.get("verdict") != "passed" else None
+
+
+def worst_text(worst: Dict[str, Any]) -> str:
+    """``worst: TENSOR cosine=.. rel_l2=..`` (per-tensor metrics), or, for a comparison the
+    judgement passed, ``closest to budget: API own error .. (x0.33 of its budget)``: what the
+    verdict rested on."""
+    if worst.get("ratio") is not None:
+        own = worst.get("own_error")
+        size = f"own error {fmt_number(own, digits=3)} " if own is not None else ""
+        return (f"closest to budget: {worst.get('tensor') or worst.get('api')} "
+                f"{size}(x{fmt_number(worst['ratio'], digits=2)} of its budget)")
+    metrics = " ".join(f"{k}={fmt_number(worst[k], digits=4)}" for k in ("cosine", "max_abs_err", "rel_l2")
+                       if worst.get(k) is not None)
+    return f"worst: {worst.get('tensor') or worst.get('api')} {metrics}".rstrip()
 
 
 class SessionSummary:
@@ -134,12 +151,12 @@ class SessionSummary:
         for e in sorted(self.entries, key=lambda e: (e.get("nodeid", ""), e.get("call", 0))):
             link = e.get("html")
             href = os.path.relpath(link, self.dump_root) if link else ""
-            first = e.get("first_suspect") or {}
+            first = entry_suspect(e) or {}
             worst = e.get("worst") or {}
             cells = [
                 html.escape(e.get("nodeid", "") + (f" (call {e['call']})" if e.get("call") else "")),
                 html.escape(e.get("verdict", "")), html.escape(e.get("test_outcome", "")),
-                html.escape(str(worst.get("tensor") or worst.get("api") or "")),
+                html.escape(worst_text(worst).split(": ", 1)[-1] if worst else ""),
                 html.escape(first.get("api", "")), html.escape(first.get("location", "")),
                 f'<a href="{html.escape(href)}">report</a>' if href else
                 ("" if e.get("kept", True) else "(not kept)"),

@@ -135,15 +135,15 @@ def _chip(label: str, value: object) -> str:
 
 def _suspect_card(rank: int, s: Suspect) -> str:
     kind_label = {"own": "own error", "nonfinite": "NaN/Inf appears", "unpaired":
-                  f"only on {s.side or 'one'} side", "inherited": "inherited"}[s.kind]
+                  f"only on the {at.side_word(s.side) or 'one'} side", "inherited": "inherited",
+                  "inputs": "inputs differ at the start"}.get(s.kind, s.kind)
     kind_label = {"amplifier": "amplifies earlier error", "latent": "origin, passes its dtype",
                   "sensitive": "branch flips"}.get(s.role, kind_label)
     facts = [("where", f'<span class="mono">{escape(s.location)}</span>'),
              ("CSV line", str(s.csv_line))]
-    if s.kind != "unpaired":
-        facts.insert(0, ("error", f"{escape(fmt_error(s.input_error))} in \u2192 "
-                                  f"<b>{escape(fmt_error(s.output_error))}</b> out "
-                                  f"({escape(s.growth_text)})"))
+    err = s.error_text(arrow="\u2192")   # only what is known
+    if err:
+        facts.insert(0, ("error", escape(err[len("error "):])))
     if s.ctx:
         facts.append(("context", escape(s.ctx)))
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
@@ -186,12 +186,22 @@ def _replay_html(advice: Advice) -> str:
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
+def _known(text: str) -> str:
+    """An unknown number is left blank, never written as filler."""
+    return "" if text == "n/a" else text
+
+
 def _inherited_row(s: Suspect) -> str:
-    badge = ' <span class="badge b-sensitive">negligible</span>' if s.role == "negligible" else ""
-    cells = [f'<td class="name">{escape(s.api)}{badge}</td>', f'<td class="num">{s.csv_line}</td>',
-             f'<td class="num">{escape(fmt_error(s.input_error))}</td>',
-             f'<td class="num">{escape(fmt_error(s.output_error))}</td>',
-             f'<td class="num">{escape(s.growth_text)}</td>',
+    badge = {"negligible": ' <span class="badge b-sensitive">negligible</span>'}.get(s.role, "")
+    if s.kind == "unpaired":
+        badge += f' <span class="badge b-unpaired">only on the {escape(at.side_word(s.side))} side</span>'
+    elif s.replay == "inherited":
+        badge += ' <span class="badge b-inherited">within budget on replay</span>'
+    cells = [f'<td class="name">{escape(s.api)}{badge}</td>',
+             f'<td class="num">{s.csv_line or ""}</td>',
+             f'<td class="num">{escape(_known(fmt_error(s.input_error)))}</td>',
+             f'<td class="num">{escape(_known(fmt_error(s.output_error)))}</td>',
+             f'<td class="num">{escape(_known(s.growth_text))}</td>',
              f'<td class="mono">{escape(s.location)}</td>']
     return "<tr>" + "".join(cells) + "</tr>"
 
@@ -211,7 +221,7 @@ def _failing_rows(table: pd.DataFrame) -> str:
         for c in cols:
             v = t.at[i, c] if c in t.columns else ""
             cls = "name" if "Name" in c else ("" if c == "Err_message" else "num")
-            cells.append(f'<td class="{cls}">{escape(fmt_number(v))}</td>')
+            cells.append(f'<td class="{cls}">{escape(_known(fmt_number(v)))}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = (f'<p class="muted">... and {len(bad) - MAX_FAILING_ROWS} more failing rows in the CSV.</p>'
             if len(bad) > MAX_FAILING_ROWS else "")
@@ -221,17 +231,25 @@ def _failing_rows(table: pd.DataFrame) -> str:
 def render_html(table: pd.DataFrame, advice: Advice, title: str = "pytest-ptdbg compare report",
                 sources: Optional[Dict[str, str]] = None) -> str:
     """The report's HTML text."""
-    first = advice.first
+    decision = advice.decision   # the verdict and first suspect every output says
+    first = decision.first
     if first is None and advice.n_compared == 0:
-        banner = ('<div class="banner bad"><b>Nothing was compared.</b> No tensor of the NPU dump '
+        banner = ('<div class="banner bad"><b>Nothing was compared.</b> No tensor of the device dump '
                   "has a partner in the bench dump: check the paths, the dump mode and the step.</div>")
-    elif first is None:
+    elif first is None and decision.passed and not advice.suspects and not advice.n_failed:
         banner = ('<div class="banner good"><b>Everything agrees.</b> Every compared tensor matches '
                   "the bench under the verdict rule; no API lost precision.</div>")
+    elif first is None and decision.passed:
+        banner = (f'<div class="banner good"><b>Passed.</b> {escape(advice.passed_text())}</div>')
+    elif first is None:
+        banner = ('<div class="banner bad"><b>Failed.</b> No call is a suspect: the data could not '
+                  "be used (see the advisor file and the CSV's Err_message).</div>")
     else:
         what = {"own": "loses precision here", "nonfinite": "first produces NaN/Inf",
                 "unpaired": "exists on one side only",
-                "inherited": "already receives differing inputs"}[first.kind]
+                "inputs": "already receives inputs that differ at the start (the data, the "
+                          "weights or the random state differ)",
+                "inherited": "already receives differing inputs"}.get(first.kind, first.kind)
         what = {"latent": "creates the error that fails later (within its own dtype's tolerance)",
                 "sensitive": "flips a few elements on tiny input differences",
                 "negligible": "fails the rule with a negligible difference"}.get(first.role, what)
@@ -240,7 +258,9 @@ def render_html(table: pd.DataFrame, advice: Advice, title: str = "pytest-ptdbg 
                   f'At <span class="mono">{escape(first.location)}</span>.</div>')
     chips = "".join([
         _chip("tensor rows", advice.n_rows), _chip("compared", advice.n_compared),
-        _chip("failing", advice.n_failed), _chip("suspects", max(advice.n_root_causes, len(advice.root_causes))),
+        _chip("verdict", "passed" if decision.passed else "failed"),
+        _chip("failing rows", advice.n_failed),
+        _chip("suspects", 0 if decision.passed else max(advice.n_root_causes, len(decision.root_causes))),
         _chip("inherited", advice.n_inherited), _chip("unpaired calls", advice.n_unpaired),
         _chip("mode", "summary (statistics)" if schema.is_summary(table) else "full tensors"),
     ])
@@ -248,12 +268,22 @@ def render_html(table: pd.DataFrame, advice: Advice, title: str = "pytest-ptdbg 
     if sources:
         src = "".join(f'<div class="small muted">{escape(k)}: <span class="mono">{escape(v)}</span></div>'
                       for k, v in sources.items())
-    roots = advice.root_causes
+    roots = decision.root_causes
     cards = "".join(_suspect_card(i, s) for i, s in enumerate(roots, 1)) or \
         '<p class="muted">No suspect.</p>'
     inh = [s for s in advice.suspects if s.kind == "inherited"]
     inh_html = ""
-    if inh:
+    if decision.passed and advice.suspects:
+        rows = "".join(_inherited_row(s) for s in advice.suspects)
+        inh_html = (
+            "<h2>Differences the verdict explains</h2><p class=\"muted\">The comparison passed: "
+            "these calls differ from the bench, but pass on differences they received, stay "
+            "within their own-error budget, or run on one side only as bookkeeping. Not root "
+            "causes.</p>"
+            '<table class="rows"><thead><tr><th>API</th><th>line</th><th>input error</th>'
+            "<th>output error</th><th>growth</th><th>where</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
+    elif inh:
         rows = "".join(_inherited_row(s) for s in inh)
         more = advice.n_inherited - len(inh)
         inh_html = (

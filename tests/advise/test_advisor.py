@@ -158,7 +158,7 @@ def test_noise_crossing_the_threshold_is_not_an_own_suspect():
     t2 = synthetic_table([api("Torch_add_0_forward", [2e-3], [3e-3]),
                           api("Torch_mul_0_forward", [3e-3], [3e-3])])
     first = advise(t2).first
-    assert first.kind == "inherited" and first.category == at.INPUTS_DIFFER
+    assert first.kind == "inputs" and first.category == at.INPUTS_DIFFER
 
 
 def test_clean_table_says_everything_agrees():

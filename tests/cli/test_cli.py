@@ -52,6 +52,26 @@ def test_summary_compare_never_imports_torch(pair, tmp_path):
     assert "Max diff" in pd.read_csv(tmp_path / csv[0]).columns
 
 
+def test_summary_compare_of_full_dumps_says_why_it_judged_from_statistics(tmp_path):
+    """Both dumps hold full tensors (a real MLP step); ``--summary`` reads none. The advisor and
+    the log say the statistics compare was asked for, never that the device dump has no tensors,
+    and both sides of two CPU runs are the device and the bench, not an NPU."""
+    from real_dumps import dump_one_step
+
+    dev = dump_one_step(tmp_path / "device", "mlp", seed=0)
+    bench = dump_one_step(tmp_path / "bench", "mlp", seed=0)
+    assert os.listdir(dev.data_dir)       # it has them
+    r = run("compare", dev.dump_path, bench.dump_path, "-o", str(tmp_path / "out"), "--summary")
+    assert r.returncode == 0, r.stderr
+    advisor = [f for f in os.listdir(tmp_path / "out") if f.startswith("advisor")]
+    with open(tmp_path / "out" / advisor[0], encoding="utf-8") as f:
+        text = f.read()
+    for said in (text, r.stdout):
+        assert "dump has no full tensors" not in said and "NPU dump" not in said
+        assert "statistics (summary) compare asked for" in said
+    assert "Suspect Nodes: None" in text
+
+
 def test_parse_and_bad_input(pair):
     r = run("parse", str(pair / "npu"), "Torch_relu_0_forward", check_no_torch=True)
     assert r.returncode == 0 and "[Torch_relu_0_forward_output.0][dtype: torch.float32]" in r.stdout
@@ -131,7 +151,21 @@ def test_demo_runs_from_a_normal_install(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "example_models" not in r.stdout + r.stderr
     assert "one training step of the demo model tiny_gpt" in r.stdout
-    assert (work / "ptdbg_report" / records.DUMP_DIR_NAME).is_dir()
+    assert (work / "ptdbg-report" / records.DUMP_DIR_NAME).is_dir()   # the README's name
     r = subprocess.run([sys.executable, "-c", "import example_models"], cwd=work, env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0     # the check above really ran without the example suite
+
+
+def test_demo_writes_where_the_readme_says():
+    """The README names the report folder ``ptdbg-report`` (its main job's --ptdbg-dump-dir and
+    ``ptdbg demo``); the demo's default and its --help say the same (it wrote ``ptdbg_report``)."""
+    from pytest_ptdbg.cli import demo
+
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "README.md"), encoding="utf-8").read()
+    demo_line = next(line for line in readme.splitlines() if line.startswith("ptdbg demo"))
+    assert "./ptdbg-report" in demo_line and "--ptdbg-dump-dir=ptdbg-report" in readme
+    assert demo.DEFAULT_OUT == "ptdbg-report"
+    assert demo.build_parser().parse_args([]).out == "ptdbg-report"
+    assert "./ptdbg-report" in demo.build_parser().format_help()
