@@ -459,7 +459,7 @@ def summary_entry(result: PrecisionResult) -> Dict[str, Any]:
         "thresholds": dict(s.thresholds),
         "worst": ev.worst,
         "first_suspect": suspect,
-        "suspects": [x.api for x in ev.advice.suspects if x.kind != "inherited"][:10],
+        "suspects": [x.api for x in ev.advice.root_causes][:10],   # none when it passed
         "n_failed_rows": ev.n_failed,
         "golden_differences": None if gcheck is None else len(gcheck.differences),
         "nonfinite": list(result.health_problems),

@@ -3,8 +3,9 @@ summary, ``index.html`` and the comparison's own reports say the same first susp
 
 The inner session runs the example CNN (conv -> BatchNorm, whose conv bias gradients are zero in
 exact arithmetic) under bf16 autocast against the float32 bench: the judgement passes it while
-those gradients fail ptdbg's per-tensor rule (cosine ~0.2, relative L2 ~1e3); and the MLP with a
-different seed on the device: its inputs differ at the start.
+those gradients fail ptdbg's per-tensor rule (cosine ~0.2, relative L2 ~1e3); the MLP with an
+extra copy on the device side only (bookkeeping: it passes); and the MLP with other weights on
+the device: its inputs differ at the start.
 """
 import json
 import os
@@ -21,6 +22,19 @@ from pytest_ptdbg import PrecisionError
 def test_cnn_bf16(ptdbg_dump):
     model, batch = em.cnn()
     ptdbg_dump(model, batch, step=em.train_step, dtype="bfloat16").assert_precision()
+
+def _with_a_copy(model, batch):
+    # the implementation under test copies the first layer's input: a call on its side only
+    # that changes no value (bookkeeping)
+    handle = model.fc1.register_forward_pre_hook(lambda mod, args: (args[0].clone(),))
+    try:
+        return em.train_step(model, batch)
+    finally:
+        handle.remove()
+
+def test_extra_copy(ptdbg_dump):
+    model, batch = em.mlp()
+    ptdbg_dump.compare_runs(_with_a_copy, em.train_step, model, batch).assert_precision()
 
 def test_other_weights(ptdbg_dump):
     model, batch = em.mlp()
@@ -45,7 +59,7 @@ def test_terminal_json_index_and_reports_say_one_verdict(tester):
     tester.makepyfile(test_v=TESTS)
     dump = tester.path / "dumps"
     res = tester.runpytest("-s", f"--ptdbg-dump-dir={dump}", "--ptdbg-bench=cpu", "--ptdbg-device=cpu")
-    res.assert_outcomes(passed=2)
+    res.assert_outcomes(passed=3)
     out = res.stdout.str()
     with open(os.path.join(dump, "ptdbg_summary.json"), encoding="utf-8") as f:
         doc = json.load(f)
@@ -72,6 +86,13 @@ def test_terminal_json_index_and_reports_say_one_verdict(tester):
     assert "closest to budget: " in lines["test_cnn_bf16"] and "of its budget)" in lines["test_cnn_bf16"]
     assert "cosine=" not in lines["test_cnn_bf16"] and "rel_l2=" not in lines["test_cnn_bf16"]
     assert "of its budget" in row[3]
+
+    # a copy on the device side only: no suspect in the JSON, the terminal or index.html
+    copy = entries["test_extra_copy"]
+    assert copy["verdict"] == "passed" and copy["first_suspect"] is None and copy["suspects"] == []
+    assert "first suspect: none" in lines["test_extra_copy"]
+    row = index["test_v.py::test_extra_copy"]
+    assert row[1] == "passed" and row[4] == "" and row[5] == ""
 
     # the other weights: the same first suspect everywhere, said as inputs that differ
     other = entries["test_other_weights"]
