@@ -38,6 +38,7 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 10px;border-bo
 .card{border:1px solid var(--line);border-left:5px solid #94a3b8;border-radius:8px;padding:12px 16px;margin:10px 0;background:#fff}
 .card.own{border-left-color:#dc2626} .card.nonfinite{border-left-color:#7f1d1d}
 .card.unpaired{border-left-color:#d97706} .card.inherited{border-left-color:#94a3b8}
+.card.inputs{border-left-color:#2563eb} .b-inputs{background:#dbeafe;color:#1e40af}
 .card h3{margin:0 0 6px;font-size:15px;font-family:ui-monospace,SFMono-Regular,Menlo,monospace;word-break:break-all}
 .badge{display:inline-block;font:600 11px system-ui,sans-serif;text-transform:uppercase;letter-spacing:.03em;border-radius:4px;padding:1px 6px;margin-left:6px;vertical-align:2px}
 .b-own{background:#fee2e2;color:#991b1b} .b-nonfinite{background:#7f1d1d;color:#fff}
