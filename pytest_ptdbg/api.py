@@ -104,10 +104,11 @@ def _load(input_param: Dict[str, Any], side: str, problems: List[str],
     if not path:
         raise ValueError(f"compare: input_param lacks {key!r} (the {side.upper()} dump's .pkl or folder)")
     dkey = f"{side}_dump_data_dir"
-    if dkey in input_param:
-        data_dir = input_param[dkey] or ""
-    elif os.path.isdir(path) or path.endswith(".json"):
-        data_dir = None          # found inside the folder (msprobe: dump_tensor_data beside dump.json)
+    if dkey in input_param and input_param[dkey] is not None:
+        data_dir = input_param[dkey] or ""   # "": statistics only, by choice
+    elif dkey in input_param or os.path.isdir(path) or path.endswith(".json"):
+        data_dir = None          # found inside the folder (msprobe: dump_tensor_data beside dump.json),
+        #                          or beside the .pkl when None is given: records naming files need them
     else:
         data_dir = ""            # ptdbg: no data dir given -> statistics only
     if data_dir and not os.path.isdir(data_dir):
@@ -182,6 +183,8 @@ def _compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = F
             notes.append(f"the {side} dump has no saved tensors: statistics (summary) compare")
     elif not summary and not (npu.has_data and bench.has_data):
         problems.append("full compare asked for but a dump has no saved tensors: those rows are Nan")
+    if summary:  # a statistics compare reads no file: records naming missing files fail it here
+        problems.extend(d.missing_data for d in (npu, bench) if d.missing_data and d.has_data)
     say(f"NPU {npu.source}: {len(npu.apis)} APIs, {npu.n_tensors} tensors")
     say(f"bench {bench.source}: {len(bench.apis)} APIs, {bench.n_tensors} tensors")
     say("summary compare (statistics only)" if summary else "full compare (saved tensors)")

@@ -156,7 +156,7 @@ def run_compare(args: argparse.Namespace) -> int:
             from pytest_ptdbg.dump.reader import locate
 
             for side in ("npu", "bench"):
-                param[f"{side}_dump_data_dir"] = locate(getattr(args, side)).data_dir or ""
+                param[f"{side}_dump_data_dir"] = locate(getattr(args, side)).data_dir  # None: not found
         r = compare(param, args.output, **kw)
     except BrokenPipeError:
         raise

@@ -6,22 +6,25 @@ stale by construction and simply taken over. A second writer (another process, o
 debugger in the same process: ``flock`` locks belong to an open file, not to a process) is
 refused with :class:`DumpPathInUseError` naming the path and the holder's pid. Releasing deletes
 the file (and the step directory when it is left empty). Without ``fcntl`` (Windows) no lock is
-taken.
+taken. Taking the lock also removes what a killed re-dump of that rank left (:func:`remove_leftovers`).
 """
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import weakref
-from typing import Optional
+from typing import List, Optional
+
 from pytest_ptdbg.errors import DumpPathInUseError
+from pytest_ptdbg.format import manifest
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["DumpPathInUseError", "RankLock", "acquire_rank_lock", "lock_path"]
+__all__ = ["DumpPathInUseError", "RankLock", "acquire_rank_lock", "lock_path", "remove_leftovers"]
 
 
 
@@ -29,6 +32,27 @@ __all__ = ["DumpPathInUseError", "RankLock", "acquire_rank_lock", "lock_path"]
 def lock_path(rank_dir: str) -> str:
     """``.../step0/rank0`` -> ``.../step0/rank0.lock``."""
     return rank_dir.rstrip("/\\") + ".lock"
+
+
+def remove_leftovers(rank_dir: str) -> List[str]:
+    """Delete the folders a killed re-dump of ``rank_dir`` left beside it (``rank0.old-<pid>-<ns>``,
+    see ``writer.replace_dir``); the paths deleted. Only folders carrying this project's mark
+    (``manifest.is_marked_aside``: a real directory, not a link) are deleted, without following
+    any link inside; call it holding the rank's lock (no other writer is replacing that rank)."""
+    step_dir, base = os.path.split(rank_dir.rstrip("/\\"))
+    try:
+        names = os.listdir(step_dir)
+    except OSError:
+        return []
+    done = []
+    for name in names:
+        if manifest.aside_name(name) != base:
+            continue
+        p = os.path.join(step_dir, name)
+        if manifest.is_marked_aside(p):
+            shutil.rmtree(p, ignore_errors=True)
+            done.append(p)
+    return done
 
 
 def _release(fd: int, path: str, pid: int) -> None:
@@ -117,5 +141,6 @@ def acquire_rank_lock(rank_dir: str) -> Optional[RankLock]:
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except OSError:
             pass  # the lock holds without the pid; only the message of a refused writer is poorer
+        remove_leftovers(rank_dir)
         return RankLock(path, fd)
     return None  # pragma: no cover - the file kept vanishing

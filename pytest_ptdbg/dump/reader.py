@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from pytest_ptdbg.format import records
 from pytest_ptdbg.format.gc_pause import paused_gc
-from pytest_ptdbg.format.manifest import Completeness, judge_completeness
+from pytest_ptdbg.format.manifest import Completeness, aside_name, is_marked_aside, judge_completeness
 
 MSPROBE_JSON = "dump.json"
 MSPROBE_STACK = "stack.json"
@@ -33,6 +33,8 @@ MAX_LINE_BYTES = 16 << 20
 MAX_DEPTH = 64
 #: corrupt lines reported one by one; beyond, one summary line
 MAX_LINE_PROBLEMS = 50
+#: missing data files named in a problem (the rest are counted)
+MAX_NAMED = 3
 
 
 @dataclass(slots=True)
@@ -102,6 +104,10 @@ class Dump:
     has_data: bool = False          # some tensor has a data file
     notes: List[str] = field(default_factory=list)   # worth saying, fails nothing
     completeness: Optional[Completeness] = None
+    #: records name data files that are not there: how many, the first few (``""``: none, or not
+    #: looked up). In ``problems`` too when no record has its file (the compare could only fall
+    #: back to statistics); otherwise each such record's ``data_problem`` fails its row
+    missing_data: str = ""
 
     @property
     def n_tensors(self) -> int:
@@ -174,10 +180,15 @@ def rank_dirs(step_dir: str) -> List[Tuple[int, str]]:
             out.append((int(m.group(1)), os.path.join(step_dir, e)))
         elif re.match(r"^rank\d+\.lock$", e):
             continue  # a writer's lock (left behind by a killed run): its rank's manifest says incomplete
+        elif is_marked_aside(os.path.join(step_dir, e)):
+            continue  # an old rank folder a killed re-dump set aside (its next writer deletes it)
         else:
             other.append(e)
     if other:
-        raise ValueError(f"{step_dir}: must hold only rank<N> folders, also found {sorted(other)}")
+        left = [e for e in sorted(other) if aside_name(e)]
+        hint = (f" ({', '.join(left)}: left by an interrupted re-dump but not marked by pytest-ptdbg; "
+                "delete it if it is not yours)") if left else ""
+        raise ValueError(f"{step_dir}: must hold only rank<N> folders, also found {sorted(other)}{hint}")
     if not out:
         raise ValueError(f"{step_dir}: holds no rank<N> folder")
     return sorted(out)
@@ -188,14 +199,20 @@ def rank_dirs(step_dir: str) -> List[Tuple[int, str]]:
 def read_dump(path: str, data_dir: Optional[str] = None) -> Dump:
     """Read a dump from a file or folder (see :func:`locate`); ``data_dir`` overrides the found one.
 
-    ``data_dir=""`` means statistics only (no tensors are looked up).
+    ``data_dir=""`` means statistics only (no tensors are looked up). Otherwise records that name
+    a data file promise it: a ``.pkl`` whose records name files that are missing (some, all, or
+    their whole folder) gets ``missing_data`` saying how many, naming the first few (:data:`MAX_NAMED`),
+    a problem too when none of its files is there (see :class:`Dump`).
     """
     loc = locate(path)
     dd = loc.data_dir if data_dir is None else (data_dir or None)
     with paused_gc():
         if loc.layout == "msprobe":
             return _read_msprobe(loc.path, dd)
-        return _read_ptdbg(loc.path, dd)
+        expected = None
+        if data_dir is None and dd is None:   # the folder beside the .pkl, where the writer puts them
+            expected = loc.path[:-4] if loc.path.endswith(".pkl") else loc.path + "_data"
+        return _read_ptdbg(loc.path, dd, check_files=data_dir != "", expected_dir=expected)
 
 
 class _Builder:
@@ -205,6 +222,9 @@ class _Builder:
         self.problems = problems
         self.data_dir = data_dir
         self.files = None
+        #: records naming a data file (``extra["npy"]``), and the paths of those whose file is absent
+        self.named = 0
+        self.absent: List[str] = []
         #: shared objects for repeated values (dtypes, shapes, slots, extras); None: no sharing
         self.pool: Optional[Dict[Any, Any]] = {}
         self._root: Optional[str] = None   # realpath of data_dir, resolved once (for symlinks)
@@ -347,7 +367,22 @@ def _lines(f, pkl: str, problems: List[str]):
         yield lineno, raw, raw.endswith(b"\n")
 
 
-def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
+def _missing_data(b: _Builder, expected_dir: Optional[str]) -> Optional[str]:
+    """The problem of records that name data files which are not there, or None."""
+    if not b.absent:
+        return None
+    n, first = len(b.absent), ", ".join(b.absent[:MAX_NAMED]) + (", ..." if len(b.absent) > MAX_NAMED else "")
+    if b.data_dir is None:
+        where = expected_dir or "(none found)"
+        return (f"{b.source}: {n} records name data files but their data folder {where} is missing "
+                f"(first: {first}): the dump's tensors are gone; pass data_dir='' (--summary) to "
+                "compare its statistics only")
+    return (f"{b.data_dir}: {n} of the {b.named} records that name a data file have no file there "
+            f"(first missing: {first}): those records are unusable")
+
+
+def _read_ptdbg(pkl: str, data_dir: Optional[str], check_files: bool = False,
+                expected_dir: Optional[str] = None) -> Dump:
     problems: List[str] = []
     b = _Builder(pkl, data_dir, problems)
     base = os.path.basename(pkl)
@@ -422,7 +457,12 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str]) -> Dump:
                 problems.append(f"{pkl}: stack record: {e}")
                 continue
         a.stack = frames
+    missing = _missing_data(b, expected_dir) if check_files else None
     dump = b.done("ptdbg", mode)
+    if missing is not None:
+        dump.missing_data = missing
+        if not dump.has_data:
+            problems.append(missing)
     dump.completeness = judge_completeness(pkl, complete_lines, ours)
     if dump.completeness.failed:
         problems.append(dump.completeness.message)
@@ -596,6 +636,11 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
     except ValueError as e:
         t.data_problem = str(e)
         b.problems.append(f"{b.source}:{lineno}: {e}")
+        return
+    if isinstance(npy, str):   # a record that names its file promises it
+        b.named += 1
+        if b.files is None or (t.data_file is None and npy not in b.files):
+            b.absent.append(npy)
 
 
 # ---------------------------------------------------------------------------------------- msprobe

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors, report_internal_error
-from pytest_ptdbg.dump.call_spec import encode_call_json
+from pytest_ptdbg.dump.call_spec import encode_call_json, number_sequence, sequence_tensor
 from pytest_ptdbg.dump.select import Selector, filtered_out
 from pytest_ptdbg.format import manifest, records
 from pytest_ptdbg.dump.stats import (BATCH_DTYPES, SHARED_CACHE, TensorStats, batch_stat_columns, dtype_name,
@@ -69,11 +69,26 @@ def _background() -> Any:
     return _BG
 
 
+#: flags of a directory descriptor (None where ``os.open`` cannot take ``dir_fd``: Windows)
+_DIR_FLAGS = (os.O_RDONLY | os.O_DIRECTORY) if (hasattr(os, "O_DIRECTORY") and os.open in os.supports_dir_fd) \
+    else None
+
+
 def replace_dir(path: str) -> None:
     """Make ``path`` a fresh empty directory; an existing one is renamed aside, then deleted
-    (deleted even when the new directory cannot be made: old files never pass for new ones)."""
+    (deleted even when the new directory cannot be made: old files never pass for new ones).
+
+    A real directory is first marked (``manifest.ASIDE_MARKER``): a run killed before the deletion
+    leaves ``rank0.old-<pid>-<ns>``, which the next writer of that rank removes (``lock.py``) and
+    ``compare --distributed`` skips, because it carries the mark."""
     if os.path.lexists(path):
         aside = f"{path}.old-{os.getpid()}-{time.monotonic_ns()}"
+        if not os.path.islink(path) and os.path.isdir(path):
+            try:
+                os.close(os.open(os.path.join(path, manifest.ASIDE_MARKER),
+                                 os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644))
+            except OSError:
+                pass  # unmarked: a leftover is then named by compare, never deleted
         os.rename(path, aside)
         try:
             os.makedirs(path)
@@ -190,6 +205,10 @@ class RankWriter:
         self._active = False  # the rank directory is (being) replaced: this step writes into it
         self._reported = False
         self._manifest_state: Any = None  # (lines, failure) the manifest on disk says
+        #: the rank directory, held open: the manifest is written into it wherever it is now
+        self._dir_fd: Optional[int] = None
+        #: (st_dev, st_ino) of the rank directory, the data directory and the .pkl as made
+        self._idents: List[Tuple[str, str, Tuple[int, int]]] = []
 
     # -- failures ---------------------------------------------------------------------------
     def _fail(self, exc: BaseException, path: Optional[str] = None) -> None:
@@ -198,20 +217,43 @@ class RankWriter:
         fails it is deleted, so that no earlier ``complete: true`` vouches for what is on disk."""
         if self.failure is not None:
             return
-        self.failure = _describe(exc, path)
+        self._stop_with(_describe(exc, path))
+
+    def _stop_with(self, reason: str) -> None:
+        """:meth:`_fail` with the manifest's ``reason`` given (written through the directory
+        descriptor when there is one: into the dump's folder, even a moved one)."""
+        if self.failure is not None:
+            return
+        self.failure = reason
         mpath = manifest.manifest_path(self.pkl_path)
+        dfd = self._dir_fd
+        name = os.path.basename(mpath) if dfd is not None else mpath
         text = manifest.manifest_text(os.path.basename(self.pkl_path), self.lines, False, self.failure)
         try:
-            fd = os.open(mpath, os.O_WRONLY | os.O_TRUNC)  # only the existing one
+            fd = os.open(name, os.O_WRONLY | os.O_TRUNC, dir_fd=dfd)  # only the existing one
             try:
                 _write_all(fd, text.encode())
             finally:
                 os.close(fd)
         except OSError:
             try:
-                os.unlink(mpath)
+                os.unlink(name, dir_fd=dfd)
             except OSError:
                 pass
+
+    def _moved(self) -> Optional[str]:
+        """Why the files are no longer where the dump says (its rank directory, data directory or
+        ``.pkl`` moved, renamed or removed since they were made), or None."""
+        for what, path, ident in self._idents:
+            try:
+                st = os.stat(path)
+                now = (st.st_dev, st.st_ino)
+            except OSError:
+                now = None
+            if now != ident:
+                return (f"the dump's {what} {path} was moved, renamed or removed while the dump was being "
+                        "written: records written after that are not where the dump says")
+        return None
 
     def _report(self) -> None:
         """Warn (in the caller's thread) about a failure, once."""
@@ -228,15 +270,35 @@ class RankWriter:
         return self.failure is not None
 
     # -- files ------------------------------------------------------------------------------
+    def _close_dir(self) -> None:
+        dfd, self._dir_fd = self._dir_fd, None
+        if dfd is not None:
+            try:
+                os.close(dfd)
+            except OSError:
+                pass
+
     def _make(self) -> int:
         os.makedirs(os.path.dirname(self.rank_dir), exist_ok=True)
         replace_dir(self.rank_dir)
+        idents = []
+        if _DIR_FLAGS is not None:
+            dfd = os.open(self.rank_dir, _DIR_FLAGS)
+            self._dir_fd = dfd
+            st = os.fstat(dfd)
+            idents.append(("folder", self.rank_dir, (st.st_dev, st.st_ino)))
         if self.with_data:
             os.makedirs(self.data_dir, exist_ok=True)
+            st = os.stat(self.data_dir)
+            idents.append(("data folder", self.data_dir, (st.st_dev, st.st_ino)))
         # until the first stop() the manifest says "not closed"; it also reserves the manifest's
         # room, so that a disk filled later can still be told the dump stopped (see _fail)
-        manifest.write_manifest(self.pkl_path, 0, False, _NOT_CLOSED)
-        return os.open(self.pkl_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        manifest.write_manifest(self.pkl_path, 0, False, _NOT_CLOSED, dir_fd=self._dir_fd)
+        fd = os.open(self.pkl_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        st = os.fstat(fd)
+        idents.append(("record file", self.pkl_path, (st.st_dev, st.st_ino)))
+        self._idents = idents
+        return fd
 
     def prepare(self) -> None:
         """Kept for callers: nothing happens before the first record (see the class docstring)."""
@@ -288,15 +350,22 @@ class RankWriter:
     def _write_manifest(self) -> None:
         if not self._active:
             return
+        if self.failure is None and self._idents:
+            moved = self._moved()  # complete only where every record is where the dump says
+            if moved is not None:
+                self._stop_with(moved)
         state = (self.lines, self.failure)
         if state == self._manifest_state:
             self._report()
             return  # the manifest on disk says this already (stop() then step())
+        dfd = self._dir_fd
         try:
             try:  # the manifest _make wrote, updated in place (no rename: see rewrite_manifest)
-                manifest.rewrite_manifest(self.pkl_path, self.lines, self.failure is None, self.failure)
+                manifest.rewrite_manifest(self.pkl_path, self.lines, self.failure is None, self.failure,
+                                          dir_fd=dfd)
             except FileNotFoundError:
-                manifest.write_manifest(self.pkl_path, self.lines, self.failure is None, self.failure)
+                manifest.write_manifest(self.pkl_path, self.lines, self.failure is None, self.failure,
+                                        dir_fd=dfd)
             self._manifest_state = state
         except Exception as e:  # noqa: BLE001 - a missing manifest already makes compare fail
             self._fail(e, manifest.manifest_path(self.pkl_path))
@@ -372,6 +441,7 @@ class RankWriter:
             self._fd = None
             if self.bytes == 0 and self.npy_files == 0 and self.failure is None:
                 _remove_empty(self.rank_dir, self.pkl_path, self.data_dir)
+        self._close_dir()
         self._saved.clear()
 
 
@@ -583,6 +653,7 @@ class AsyncRankWriter(RankWriter):
             self._wfd = None
             if self.bytes == 0 and self.npy_files == 0 and self.failure is None:
                 _remove_empty(self.rank_dir, self.pkl_path, self.data_dir)
+        self._close_dir()
         self._saved.clear()
         self._recent.clear()
 
@@ -822,6 +893,11 @@ class DumpSink(Sink):
         for i, v in enumerate(items):
             tv = type(v)
             if tv is list or tv is tuple:
+                seq = number_sequence(v)
+                if seq is not None:  # data, not a literal (see call_spec.number_sequence)
+                    if self._sequence(prefix + str(i), v, seq, ctx, lines, spec):
+                        spec = None
+                    continue
                 spec = self._nested(prefix, (i,), v, ctx, lines, spec, fresh)
                 continue
             if isinstance(v, _Tensor):
@@ -844,11 +920,34 @@ class DumpSink(Sink):
             spec = None
         return spec
 
+    def _sequence(self, key: str, v: Any, seq: Any, ctx: str, lines: list, spec: Any) -> bool:
+        """Record a long list/tuple of numbers as one tensor-like record of its data (float64,
+        int64 or bool; saved as ``.npy`` like a tensor input); whether a record was added."""
+        n0 = len(lines)
+        try:
+            data = sequence_tensor(v, seq)
+            if self.filter_on and filtered_out(data):
+                return False
+            st = tensor_stats(data)
+            kind = "list" if type(v) is list else "tuple"
+            st = st._replace(note=f"a Python {kind} of {seq.numel} numbers, recorded as data")
+            npy = self._save(key, data, False) if self.save_data else None
+            lines.append(record_line(key, st, False, ctx, npy, spec))
+        except Exception as e:  # noqa: BLE001 - ints beyond int64, ...: that record only is lost
+            del lines[n0:]
+            report_internal_error(f"record {key}", e, self)
+            return False
+        return True
+
     def _nested(self, prefix: str, base: Tuple[int, ...], value: Any, ctx: str, lines: list,
                 spec: Any, fresh: bool) -> Any:
-        for idx, v in iter_tensors(value, base):
+        for idx, v in _leaves(value, base):
             key = prefix + ".".join([str(i) for i in idx])
             n0 = len(lines)
+            if type(v) is _Seq:
+                if self._sequence(key, v[0], v[1], ctx, lines, spec):
+                    spec = None
+                continue
             try:
                 if isinstance(v, _Tensor):
                     self._tensor(key, v, ctx, lines, spec, fresh)
@@ -1071,6 +1170,28 @@ def _saveable(t: torch.Tensor) -> Optional[torch.Tensor]:
         with torch.inference_mode(False):
             x = x.clone()  # a normal tensor: inference tensors have no version counter
     return x
+
+
+class _Seq(tuple):
+    """``(value, NumberSequence)``: a long list of numbers met among an argument's leaves."""
+
+
+def _leaves(value: Any, prefix: Tuple[int, ...]) -> Any:
+    """``iter_tensors``, except that a nested list/tuple of many numbers (``number_sequence``) is
+    one leaf, a :class:`_Seq`, as the call spec encodes it."""
+    for i, v in enumerate(value):
+        idx = prefix + (i,)
+        tv = type(v)
+        if tv is list or tv is tuple:
+            seq = number_sequence(v)
+            if seq is not None:
+                yield idx, _Seq((v, seq))
+            else:
+                yield from _leaves(v, idx)
+        elif isinstance(v, tuple) and not hasattr(v, "shape"):
+            yield from _leaves(v, idx)
+        else:
+            yield idx, v
 
 
 def _has_tensor(v: Any) -> bool:

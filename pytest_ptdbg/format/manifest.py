@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
@@ -34,6 +35,9 @@ __all__ = [
     "rewrite_manifest",
     "read_manifest",
     "judge_completeness",
+    "ASIDE_MARKER",
+    "aside_name",
+    "is_marked_aside",
 ]
 
 MANIFEST_FORMAT = "pytest-ptdbg-manifest"
@@ -61,15 +65,24 @@ def manifest_text(pkl_name: str, records: int, complete: bool = True, reason: Op
     return json.dumps(doc) + "\n"
 
 
-def write_manifest(pkl_path: str, records: int, complete: bool = True, reason: Optional[str] = None) -> str:
+def _at(path: str, dir_fd: Optional[int]) -> str:
+    """The name to use with ``dir_fd`` (the base name), or the path itself without one."""
+    return os.path.basename(path) if dir_fd is not None else path
+
+
+def write_manifest(pkl_path: str, records: int, complete: bool = True, reason: Optional[str] = None,
+                   dir_fd: Optional[int] = None) -> str:
     """Write the manifest of ``pkl_path`` atomically (temporary file + ``os.replace``); its path.
 
+    ``dir_fd``: an open descriptor of the ``.pkl``'s folder; the manifest is then written into that
+    folder wherever it is now (a writer whose folder was moved marks the moved dump, not a path).
     Raises OSError when the disk refuses; callers inside a user's step must catch it.
     """
     path = manifest_path(pkl_path)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = _at(f"{path}.tmp-{os.getpid()}", dir_fd)
+    dst = _at(path, dir_fd)
     data = manifest_text(os.path.basename(pkl_path), records, complete, reason).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
     try:
         try:
             view = memoryview(data)
@@ -77,17 +90,18 @@ def write_manifest(pkl_path: str, records: int, complete: bool = True, reason: O
                 view = view[os.write(fd, view):]
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:
-            os.unlink(tmp)  # no half-written temporary left beside the dump
+            os.unlink(tmp, dir_fd=dir_fd)  # no half-written temporary left beside the dump
         except OSError:
             pass
         raise
     return path
 
 
-def rewrite_manifest(pkl_path: str, records: int, complete: bool = True, reason: Optional[str] = None) -> str:
+def rewrite_manifest(pkl_path: str, records: int, complete: bool = True, reason: Optional[str] = None,
+                     dir_fd: Optional[int] = None) -> str:
     """Update an existing manifest in place (one ``pwrite`` from offset 0, then cut to length);
     its path. Raises OSError, FileNotFoundError when there is none yet (then use
     :func:`write_manifest`).
@@ -179,3 +193,33 @@ def judge_completeness(pkl_path: str, complete_lines: int, ours: bool) -> Comple
             "complete lines: the dump was cut short or written to after it was closed",
         )
     return Completeness("complete")
+
+
+# ---------------------------------------------------------------------------------------------
+# rank folders set aside by a re-dump (``dump/writer.py``'s ``replace_dir``)
+
+#: written into a rank folder just before a re-dump renames it aside (``rank0.old-<pid>-<ns>``)
+ASIDE_MARKER = ".pytest-ptdbg-replaced"
+_ASIDE_RE = re.compile(r"^(rank\d+)\.old-\d+-\d+$")
+
+
+def aside_name(name: str) -> Optional[str]:
+    """``rank0`` of ``rank0.old-<pid>-<ns>`` (the name a re-dump gives the folder it replaces), or None."""
+    m = _ASIDE_RE.match(name)
+    return m.group(1) if m else None
+
+
+def is_marked_aside(path: str) -> bool:
+    """Whether ``path`` is a rank folder this project set aside to replace it: named
+    ``rank<N>.old-<pid>-<ns>``, a real directory (not a symbolic link) holding the regular file
+    :data:`ASIDE_MARKER`. Only such folders are ever deleted as leftovers; nothing is followed."""
+    if aside_name(os.path.basename(path)) is None:
+        return False
+    import stat
+
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return False
+        return stat.S_ISREG(os.lstat(os.path.join(path, ASIDE_MARKER)).st_mode)
+    except OSError:
+        return False

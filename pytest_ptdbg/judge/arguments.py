@@ -2,7 +2,8 @@
 
 Accepted (``docs/DESIGN.md``'s call spec): tensors of the dump (``{"t": "input.0"}``), numbers,
 bools, None, ``{"size": [...]}`` of ints, slices, ellipsis, tuples and lists of these,
-``{"float": "nan"|"inf"|"-inf"}``; ``dtype``/``layout``/``memory_format`` tags only through the
+``{"float": "nan"|"inf"|"-inf"}``, ``{"list_data"|"tuple_data": "input.0"}`` (a long list of numbers
+rebuilt from its saved data, which was recorded in float64/int64/bool); ``dtype``/``layout``/``memory_format`` tags only through the
 tables of :mod:`pytest_ptdbg.judge.allowlist`; ``{"device": ...}`` tags and device strings become
 the replay device (their text is never parsed); a string only where the rule of its (API,
 parameter) allows it (:data:`~pytest_ptdbg.judge.allowlist.STRING_RULES`). Never a callable.
@@ -83,6 +84,17 @@ def _decode(v: Any, c: _Ctx, where: str, depth: int, pos: Optional[int] = None, 
             raise NotReplayable(f"{c.record}: argument {where} needs tensor {x!r}, which was not given "
                                 f"(have {sorted(c.tensors)[:8]})")
         return c.tensors[x]
+    if tag in ("list_data", "tuple_data"):  # a long list of numbers, recorded as data (dump/call_spec.py)
+        if not isinstance(x, str):
+            raise c.refuse(where, f"a {tag} reference must be a string such as 'input.0'")
+        if x not in c.tensors:
+            raise NotReplayable(f"{c.record}: argument {where} is a list of numbers recorded as data {x!r}, "
+                                "which was not saved (statistics only)")
+        t = c.tensors[x]
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.dim() > MAX_DEPTH:
+            raise c.refuse(where, f"the data {x!r} of a list is not a tensor of 1 to {MAX_DEPTH} dimensions")
+        vals = t.detach().cpu().tolist()
+        return vals if tag == "list_data" else _tuples(vals)
     if tag == "float":
         if x not in ("nan", "inf", "-inf"):
             raise c.refuse(where, f"float tag {str(x)[:40]!r} is not 'nan', 'inf' or '-inf'")
@@ -122,6 +134,10 @@ def _decode(v: Any, c: _Ctx, where: str, depth: int, pos: Optional[int] = None, 
         raise NotReplayable(f"{c.record}: argument {where} {str(x)[:200]!r} was recorded only as its repr "
                             "and cannot be rebuilt")
     raise c.refuse(where, f"unknown tag {str(tag)[:40]!r}")
+
+
+def _tuples(v: Any) -> Any:
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
 
 
 def decode_call(spec: Any, tensors: Mapping[str, Any], api: Optional[str] = None,
