@@ -17,7 +17,18 @@ every floating tensor, the margin is the same for every dtype. A call over its b
 :class:`AllocationRefused` (``pytest_ptdbg.errors``; a ReplayRefused) naming the record and
 the sizes, before anything is allocated. A call that torch cannot run on the meta device (an op
 whose output size depends on the data, such as ``nonzero`` or ``masked_select``) is allowed when
-its outputs are bounded by its inputs (:data:`_DATA_DEPENDENT`); any other is refused.
+its outputs are bounded by its inputs (:data:`_DATA_DEPENDENT`); one whose sizes come from
+values (``item()``, ``repeat_interleave`` by a tensor) or that has no meta kernel is refused; a
+shape error on the meta device is left to the real call, which fails the same way.
+
+The meta pre-run costs a few hundred microseconds a call (and about a second, once per process,
+when torch first loads its meta kernels), so it runs only where needed: :func:`static_bound`
+first bounds the outputs from the API's family and its tensors' shapes alone (element-wise APIs
+by their broadcast shape; reductions, normalisations, views and casts by their inputs; factories,
+``repeat``, ``expand``, ``new_*``, matmul, linear, conv, pools, embedding, RNNs from their
+arguments), a few microseconds; only a call whose bound is unknown or over the budget goes to the
+meta device. Limits: the static path bounds outputs, not a kernel's internal workspace (a
+convolution's columns); the meta path bounds every aten op's output, not workspace either.
 """
 from __future__ import annotations
 
@@ -29,7 +40,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_ptdbg.errors import AllocationRefused
 
-__all__ = ["AllocationRefused", "guard_call", "check_allocation", "budget_of", "MARGIN", "FLOOR", "INTERMEDIATE_CAP"]
+__all__ = ["AllocationRefused", "guard_call", "guard_arrays", "check_allocation", "static_bound", "budget_of",
+           "MARGIN", "FLOOR", "INTERMEDIATE_CAP"]
 
 #: a call may produce this many times the elements of its recorded outputs ...
 MARGIN = 4
@@ -42,8 +54,9 @@ INTERMEDIATE_CAP = 1 << 27
 #: ops whose output size depends on the data (not computable on meta), each bounded by its
 #: inputs' elements; a call that meets one on the meta device runs for real, its outputs bounded
 _DATA_DEPENDENT = frozenset({
-    "aten::nonzero", "aten::masked_select", "aten::index.Tensor", "aten::argwhere", "aten::nonzero_numpy", "aten::unique2",
-    "aten::_unique2", "aten::is_nonzero", "aten::equal", "aten::allclose",
+    "aten::nonzero", "aten::masked_select", "aten::index.Tensor", "aten::argwhere", "aten::nonzero_numpy",
+    "aten::unique2", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
+    "aten::is_nonzero", "aten::equal", "aten::allclose",
 })
 
 
@@ -71,10 +84,14 @@ class _Meta(TorchDispatchMode):
         name = str(func._schema.name) + ("." + func._overloadname if func._overloadname != "default" else "")
         try:
             out = func(*args, **kwargs)
-        except (NotImplementedError, RuntimeError) as exc:
+        except NotImplementedError as exc:  # no meta kernel: data-dependent, or unknown
             if name in _DATA_DEPENDENT or str(func._schema.name) in _DATA_DEPENDENT:
                 self.data_dependent = name
             raise _MetaFailed(name, exc) from None
+        except RuntimeError as exc:
+            if "meta" in str(exc).lower() or "scalar" in str(exc).lower():  # item(), sizes from values
+                raise _MetaFailed(name, exc) from None
+            raise  # a shape check: the real call fails the same way
         n = _elements(out)
         if n > self.cap:
             raise AllocationRefused(self.record, f"{name} would make {n:,} elements ({_gib(n)}), more than "
@@ -104,26 +121,6 @@ def _gib(n: int) -> str:
     return f"{n * 8 / 2 ** 30:.3g} GiB in float64"
 
 
-def _meta_value(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        m = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta") \
-            if v.layout == torch.strided else torch.empty(v.shape, dtype=v.dtype, device="meta")
-        return m.requires_grad_(True) if v.requires_grad and (v.is_floating_point() or v.is_complex()) else m
-    if isinstance(v, torch.device):
-        return torch.device("meta")
-    if isinstance(v, list):
-        return [_meta_value(x) for x in v]
-    if isinstance(v, tuple):
-        return tuple(_meta_value(x) for x in v)
-    return v
-
-
-def meta_args(args: Sequence[Any], kwargs: Mapping[str, Any]) -> Tuple[list, dict]:
-    """``args``/``kwargs`` with every tensor replaced by an empty meta tensor of its shape and
-    dtype (no data read or copied) and every device by the meta device."""
-    return [_meta_value(a) for a in args], {k: _meta_value(v) for k, v in kwargs.items()}
-
-
 def guard_call(func: Callable[..., Any], record: str, spec: Mapping[str, Any],
                shapes: Mapping[str, Tuple[int, ...]], dtype: Callable[[str], Any], outputs: Iterable[Sequence[int]],
                value: Optional[Callable[[str], Any]] = None) -> None:
@@ -138,7 +135,10 @@ def guard_call(func: Callable[..., Any], record: str, spec: Mapping[str, Any],
     from pytest_ptdbg.judge.arguments import decode_call, family_of
 
     budget = budget_of(outputs)
-    bound = static_bound(family_of(record) or "", spec, shapes, value)
+    try:
+        bound = static_bound(family_of(record) or "", spec, shapes, value)
+    except AllocationRefused as exc:
+        raise AllocationRefused(record, exc.reason) from None
     if bound is not None and bound <= budget:
         return
 
@@ -170,7 +170,7 @@ _ELEMENTWISE = _names(
     "erfc floor ceil round trunc clamp clip clamp_min clamp_max maximum minimum lerp addcmul addcdiv",
     "where masked_fill nan_to_num isnan isinf isfinite logical_and logical_or logical_not eq ne lt le",
     "gt ge relu relu6 leaky_relu elu selu silu mish hardswish hardsigmoid hardtanh sigmoid tanh",
-    "softplus logsigmoid gelu cosine_similarity",
+    "softplus logsigmoid gelu cosine_similarity masked_select kl_div",
     "add_ sub_ mul_ div_ pow_ sqrt_ exp_ neg_ abs_ clamp_ clamp_min_ clamp_max_ lerp_ addcmul_ addcdiv_",
     "masked_fill_ relu_ sigmoid_ tanh_ zero_ fill_ copy_",
     "__add__ __radd__ __iadd__ __sub__ __rsub__ __isub__ __mul__ __rmul__ __imul__ __truediv__",
@@ -189,12 +189,9 @@ _BOUNDED = _names(
     "cat concat concatenate stack split chunk unbind flatten unflatten reshape reshape_as view_as",
     "squeeze unsqueeze transpose permute t flip roll tril triu clone detach contiguous narrow select",
     "float double half bfloat16 int long bool type type_as to gather scatter scatter_add scatter_",
-    "scatter_add_ index_add_ masked_select unsqueeze_ squeeze_ transpose_ t_ __setitem__",
-    "zeros_like ones_like full_like expand_as pixel_shuffle cross_entropy nll_loss kl_div",
-    "_foreach_add _foreach_add_ _foreach_sub _foreach_sub_ _foreach_mul _foreach_mul_ _foreach_div",
-    "_foreach_div_ _foreach_addcmul _foreach_addcmul_ _foreach_addcdiv _foreach_addcdiv_ _foreach_lerp",
-    "_foreach_lerp_ _foreach_sqrt _foreach_sqrt_ _foreach_neg _foreach_neg_ _foreach_maximum",
-    "_foreach_maximum_ _foreach_pow _foreach_reciprocal_ _foreach_norm _foreach_copy_ _foreach_zero_",
+    "scatter_add_ index_add_ unsqueeze_ squeeze_ transpose_ t_ __setitem__",
+    "zeros_like ones_like full_like expand_as pixel_shuffle cross_entropy nll_loss",
+    "lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell",
 )
 
 
@@ -227,6 +224,8 @@ def static_bound(family: str, spec: Mapping[str, Any], shapes: Mapping[str, Tupl
         name = "split"
     if name in _BOUNDED:
         return 2 * sum(_numel(shapes[r]) for r in refs)
+    if name.startswith("_foreach_"):
+        return _foreach_bound(list(spec.get("args") or []) + list((spec.get("kwargs") or {}).values()), shapes)
     if name == "linear" and len(refs) >= 2:
         x, w = shapes[refs[0]], shapes[refs[1]]
         if len(x) >= 1 and len(w) in (1, 2):
@@ -236,6 +235,22 @@ def static_bound(family: str, spec: Mapping[str, Any], shapes: Mapping[str, Tupl
         return _sized(family, name, args, kwargs, refs, shapes, value)
     except (TypeError, ValueError, IndexError, KeyError, OverflowError, RuntimeError):
         return None  # not the usual form: the meta device decides
+
+
+def _foreach_bound(args: Sequence[Any], shapes: Mapping[str, Tuple[int, ...]]) -> Optional[int]:
+    """``torch._foreach_*``: the i-th outputs are the broadcast of the i-th tensors of every list
+    argument (and of any single tensor argument); their elements summed. None: not that form."""
+    def ref(v: Any) -> Optional[str]:
+        return v["t"] if isinstance(v, Mapping) and len(v) == 1 and v.get("t") in shapes else None
+
+    lists = [[ref(x) for x in a] for a in args if isinstance(a, list) and a and all(ref(x) for x in a)]
+    single = [shapes[ref(a)] for a in args if ref(a)]
+    if not lists or len({len(x) for x in lists}) != 1:
+        return None
+    try:
+        return sum(_numel(_broadcast([shapes[k] for k in ks] + single)) for ks in zip(*lists))
+    except ValueError:
+        return None
 
 
 def _broadcast(shapes: Sequence[Tuple[int, ...]]) -> Tuple[int, ...]:
@@ -315,7 +330,7 @@ def _sized(family: str, name: str, args: list, kwargs: dict, refs: List[str],
         return _count_leaves(args[0] if args else kwargs["data"])
     if name == "repeat" and refs:
         reps = _size_args(args[1:], kwargs)
-        return shapes[refs[0]] and _numel(shape(0)) * _numel(reps) if reps and min(reps) >= 0 else None
+        return _numel(shape(0)) * _numel(reps) if reps and min(reps) >= 0 else None
     if name == "expand" and refs:
         size = _size_args(args[1:], kwargs)
         if size is None:
@@ -345,8 +360,6 @@ def _sized(family: str, name: str, args: list, kwargs: dict, refs: List[str],
         if not x[-1] or len(h) != 3:
             return None
         return 2 * (_numel(x) // x[-1] * h[0] * h[-1] + sum(_numel(shapes[r]) for r in refs))
-    if name in ("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"):
-        return 2 * sum(_numel(shapes[r]) for r in refs)
     if name == "repeat_interleave" and refs and value is not None:
         x = shape(0)
         dim = args[2] if len(args) > 2 else kwargs.get("dim")
@@ -355,8 +368,9 @@ def _sized(family: str, name: str, args: list, kwargs: dict, refs: List[str],
         if type(reps) is int:
             total = reps * along
         elif isinstance(reps, Mapping) and reps.get("t") in shapes and value(reps["t"]) is not None:
-            r = value(reps["t"]).astype("int64").reshape(-1)
-            total = int(r.sum()) if r.size > 1 else int(r[0]) * along if r.size else 0
+            r = value(reps["t"]).reshape(-1)  # summed in float64: no int64 wrap-around
+            total = math.ceil(float(r.sum(dtype="float64"))) if r.size > 1 else \
+                int(r[0]) * along if r.size else 0
         else:
             return None
         return max(0, total) * (_numel(x) // along if along else 0)
@@ -420,10 +434,10 @@ def check_allocation(func: Callable[..., Any], record: str, args: Sequence[Any],
         if mode.data_dependent is not None:
             return  # bounded by the inputs, which are the record's own
         raise AllocationRefused(record, f"its output size cannot be bounded before it runs ({exc})"[:400]) from None
-    except Exception:  # noqa: BLE001 - bad arguments: the real call reports them
+    except Exception:  # noqa: BLE001 - bad arguments (a shape check): the real call reports them
         return
-    n = _elements(out if not (isinstance(out, torch.Tensor) and out is None) else ())
-    if n == 0 and args and isinstance(args[0], torch.Tensor) and out is None:
+    n = _elements(out)
+    if out is None and args and isinstance(args[0], torch.Tensor):
         n = args[0].numel()  # an in-place API that returns nothing (__setitem__)
     if n > budget:
         raise AllocationRefused(record, f"its arguments would make outputs of {n:,} elements ({_gib(n)}), "

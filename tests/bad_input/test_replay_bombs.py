@@ -159,8 +159,6 @@ BOMBS = {
     "repeat": ("Tensor_repeat", {"args": [T, 5000, 5000], "kwargs": {}}),                 # 102 GB
     "new_full": ("Tensor_new_full", {"args": [T, [30000, 30000], 1.0], "kwargs": {}}),    # 7.2 GB fp64
     "einsum": ("Torch_einsum", {"args": ["ab,cd,ef->abcdef", T, T, T], "kwargs": {}}),    # 8.6 GB fp64
-    "expand": ("Tensor_expand", {"args": [T, 1000000, 16, 64], "kwargs": {}}),            # 8 GB on copy
-    "arange": ("Torch_arange", {"args": [0, 2000000000], "kwargs": {}}),                  # 16 GB int64
 }
 
 
@@ -217,21 +215,33 @@ def test_guard_agrees_with_the_meta_device_and_allocates_nothing():
           ("Torch_zeros", {"args": [16, 64]}, [(16, 64)]),
           ("Tensor_repeat", {"args": [T, 2, 3]}, [(32, 192)]),
           ("Torch_matmul", {"args": [T, {"t": "input.1"}]}, [(16, 32)]),
-          ("Functional_pad", {"args": [T, [1, 1]]}, [(16, 66)])]
+          ("Functional_pad", {"args": [T, [1, 1]]}, [(16, 66)]),
+          ("Torch_repeat_interleave", {"args": [T, {"t": "input.6"}], "kwargs": {"dim": 0}}, [(16 * 3, 64)]),
+          ("Torch__foreach_add", {"args": [[T, T], [T, {"t": "input.7"}]], "kwargs": {}}, [(16, 64), (16, 64)]),
+          ("Functional_conv2d", {"args": [{"t": "input.4"}, {"t": "input.5"}, None, 1, 1]}, [(1, 1, 4, 4)])]
     bad = [("Torch_einsum", {"args": ["ab,cd->abcd", T, {"t": "input.1"}]}, [(16, 32)]),
            ("Torch_zeros", {"args": [40000, 40000]}, [(16, 64)]),
            ("Functional_pad", {"args": [T, [100000000, 0]]}, [(16, 64)]),
            ("Torch_add", {"args": [{"t": "input.2"}, {"t": "input.3"}]}, [(16, 64)]),
-           ("Torch_tensor_split", {"args": [T, 10 ** 9]}, [(16, 64)])]
-    ins.update({"input.2": ((100000, 1), torch.float32), "input.3": ((1, 100000), torch.float32)})
+           ("Torch_tensor_split", {"args": [T, 10 ** 9]}, [(16, 64)]),
+           ("Tensor_expand", {"args": [T, 1000000, 16, 64]}, [(16, 64)]),
+           ("Torch_arange", {"args": [0, 2000000000]}, [(16, 64)]),
+           ("Torch__foreach_add", {"args": [[{"t": "input.2"}], [{"t": "input.3"}]]}, [(16, 64)]),
+           ("Functional_conv2d", {"args": [{"t": "input.4"}, {"t": "input.5"}, None, 1, 30000]}, [(1, 1, 2, 2)]),
+           ("Torch_repeat_interleave", {"args": [T, {"t": "input.6"}], "kwargs": {"dim": 0}}, [(16, 64)])]
+    ins.update({"input.2": ((100000, 1), torch.float32), "input.3": ((1, 100000), torch.float32),
+                "input.4": ((1, 1, 2, 2), torch.float32), "input.5": ((1, 1, 1, 1), torch.float32),
+                "input.6": ((16,), torch.int64), "input.7": ((1, 64), torch.float32)})
     shapes, dtype = {k: v[0] for k, v in ins.items()}, lambda k: ins[k][1]
+    value = {"input.6": np.full(16, 3, dtype=np.int64)}.get  # repeat_interleave's repeats
     for family, spec, outs in ok:
         api_type, _, name = family.partition("_")
-        A.guard_call(resolve(api_type, name), f"{family}_0_forward", spec, shapes, dtype, outs)
+        A.guard_call(resolve(api_type, name), f"{family}_0_forward", spec, shapes, dtype, outs, value)
+    value = {"input.6": np.full(16, 10 ** 7, dtype=np.int64)}.get
     for family, spec, outs in bad:
         api_type, _, name = family.partition("_")
         with pytest.raises(AllocationRefused) as info:
-            A.guard_call(resolve(api_type, name), f"{family}_0_forward", spec, shapes, dtype, outs)
+            A.guard_call(resolve(api_type, name), f"{family}_0_forward", spec, shapes, dtype, outs, value)
         assert family in str(info.value)
 
 
