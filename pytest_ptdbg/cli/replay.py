@@ -53,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, ReplayError) as exc:
         print(f"ptdbg replay: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except MemoryError:
+        print(f"ptdbg replay: error: {args.package}: out of memory while replaying it", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(result.to_dict(), indent=1, default=str))
     else:

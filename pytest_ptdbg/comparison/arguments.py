@@ -542,7 +542,7 @@ def leaf_value(v: Any) -> Optional[float]:
     if isinstance(v, bool):
         return float(v)
     if isinstance(v, (int, float)):
-        return float(v)
+        return float(v) if type(v) is not int or abs(v) < 2 ** 1023 else (math.inf if v > 0 else -math.inf)
     return None
 
 

@@ -1,6 +1,7 @@
 """Arguments are data: rebuild a call spec's arguments for replay, refusing anything else.
 
-Accepted (``docs/DESIGN.md``'s call spec): tensors of the dump (``{"t": "input.0"}``), numbers,
+Accepted (``docs/DESIGN.md``'s call spec): tensors of the dump (``{"t": "input.0"}``), numbers
+(integers within 64 bits),
 bools, None, ``{"size": [...]}`` of ints, slices, ellipsis, tuples and lists of these,
 ``{"float": "nan"|"inf"|"-inf"}``, ``{"list_data"|"tuple_data": "input.0"}`` (a long list of numbers
 rebuilt from its saved data, which was recorded in float64/int64/bool); ``dtype``/``layout``/``memory_format`` tags only through the
@@ -24,6 +25,8 @@ __all__ = ["decode_call", "check_call", "family_of"]
 
 #: nesting deeper than this is refused (a crafted spec must not exhaust the stack)
 MAX_DEPTH = 16
+#: the integers torch takes (int64; uint64 for bit patterns)
+_INT_MIN, _INT_MAX = -(2 ** 63), 2 ** 64 - 1
 _KEYWORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _FAMILY = re.compile(r"^(?P<type>[A-Za-z]+)_(?P<api>.+?)(?:_\d+_(?:forward|backward))?$")
 
@@ -46,6 +49,11 @@ def _family_of(api: str) -> Optional[str]:
         return f"{m.group('type')}_{m.group('api')}" if m else None
 
 
+def _short_int(v: int) -> str:
+    s = str(v) if abs(v) < 10 ** 40 else f"{'-' if v < 0 else ''}~10^{len(str(abs(v))) - 1}"
+    return s
+
+
 class _Ctx:
     def __init__(self, record: str, family: Optional[str], tensors: Mapping[str, Any], device: Any) -> None:
         self.record, self.family, self.tensors, self.device = record, family, tensors, device
@@ -59,7 +67,11 @@ def _decode(v: Any, c: _Ctx, where: str, depth: int, pos: Optional[int] = None, 
         raise c.refuse(where, f"nested deeper than {MAX_DEPTH} levels")
     if v is None or isinstance(v, bool):
         return v
-    if type(v) in (int, float):
+    if type(v) is float:
+        return v
+    if type(v) is int:
+        if not _INT_MIN <= v <= _INT_MAX:
+            raise c.refuse(where, f"integer {_short_int(v)} is out of range (64-bit integers only)")
         return v
     if isinstance(v, str):
         rule = allowlist.string_rule(c.family, pos, kw) if (depth == 0 and c.family) else None
@@ -112,8 +124,8 @@ def _decode(v: Any, c: _Ctx, where: str, depth: int, pos: Optional[int] = None, 
             raise c.refuse(where, "a device tag must be a short string")
         return c.device
     if tag == "size":
-        if not isinstance(x, list) or not all(type(i) is int for i in x):
-            raise c.refuse(where, "a size must be a list of integers")
+        if not isinstance(x, list) or not all(type(i) is int and _INT_MIN <= i <= _INT_MAX for i in x):
+            raise c.refuse(where, "a size must be a list of 64-bit integers")
         return torch.Size(x)
     if tag == "slice":
         if not isinstance(x, list) or len(x) != 3:

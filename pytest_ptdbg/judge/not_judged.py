@@ -110,7 +110,7 @@ def probability_arg(special: Special, spec: Mapping[str, Any]) -> Optional[float
     if pos is None:
         return None
     v = _arg(spec, pos, kw, special.default)
-    return float(v) if type(v) in (int, float) else None
+    return float(v) if type(v) is float or (type(v) is int and abs(v) <= 2 ** 63) else None
 
 
 def training_arg(spec: Mapping[str, Any]) -> bool:

@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from pytest_ptdbg.dump import reader
-from pytest_ptdbg.errors import NotReplayable, ReplayError, ReplayRefused
+from pytest_ptdbg.errors import AllocationRefused, NotReplayable, ReplayError, ReplayRefused
 from pytest_ptdbg.format import records
 from pytest_ptdbg.format.gc_pause import paused_gc
 from pytest_ptdbg.format.text import TextEnum, fmt_error
@@ -85,6 +85,8 @@ class CallVerdict:
     passes_through: bool = False
     #: a root cause whose result a replay in this lower precision reproduces (a reduced-precision kernel)
     matches_dtype: str = ""
+    #: refused as unusable data (a call that asks for more memory than its record made): fails the step
+    unusable: bool = False
 
     @property
     def key(self) -> str:
@@ -591,6 +593,8 @@ def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Opt
     if call is not None:
         try:
             vs = _replay_call(call, fwd, bwd, bench_fwd, dev, factor, seen)
+        except AllocationRefused as exc:  # a record that asks for more memory than it made: unusable
+            vs = [_verdict(r, Status.NOT_JUDGED, f"not replayed: {exc}", unusable=True) for r in recs]
         except ReplayRefused as exc:
             vs = [_verdict(r, Status.NOT_JUDGED, f"not replayed: {exc}") for r in recs]
         except (ReplayError, NotReplayable, LookupError, ValueError, OSError, RuntimeError, TypeError) as exc:
@@ -606,6 +610,7 @@ def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Opt
 
 def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
                  dev: Any, factor: float, seen: Sequence[str] = ()) -> List[CallVerdict]:
+    from pytest_ptdbg.judge.allocation import guard_arrays
     from pytest_ptdbg.judge.runner import resolve_api
 
     recs = [r for r in (fwd, bwd) if r is not None]
@@ -643,6 +648,7 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     import torch
 
     func = resolve_api(fwd.api_type, fwd.api_name, fwd.key)  # ReplayRefused unless allowlisted
+    guard_arrays(func, fwd.key, use, call.arrays, call.dtypes)  # AllocationRefused: over its outputs' size
     out_dtypes = [call.dtypes[k] for k in call.keys("output.")]
     compute = _lowest(out_dtypes)
     cast = _torch_dtype(compute) if compute else None

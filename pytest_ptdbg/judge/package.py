@@ -143,7 +143,16 @@ class Package:
         path = records.safe_data_path(self.path, RNG_FILE[:-4])
         if not os.path.exists(path):
             raise FileNotFoundError(f"{self.api}: random generator state {path} is missing")
-        return str(self.rng.get("device", "cpu")), np.load(path, allow_pickle=False)
+        from pytest_ptdbg.dump.npy import load_npy
+
+        try:
+            state = load_npy(path, RNG_FILE)
+        except (ValueError, OSError, EOFError) as exc:
+            raise ValueError(f"{self.api}: random generator state {path} is unreadable: {exc}") from None
+        if state.dtype != np.uint8 or state.ndim != 1:
+            raise ValueError(f"{self.api}: random generator state {path} must be a 1-D uint8 array, "
+                             f"got {state.dtype} of shape {list(state.shape)}")
+        return str(self.rng.get("device", "cpu")), state
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,15 +380,14 @@ def load_package(package_dir: str) -> Package:
         raise FileNotFoundError(f"reproduction package not found: {package_dir} is not a directory")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{package_dir} is not a reproduction package: {PACKAGE_FILE} is missing")
-    try:
-        with open(path) as fh:
-            doc = json.load(fh)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    doc = _read_json(path)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{path}: not a ptdbg reproduction package (field 'format' must be {FORMAT!r})")
-    if int(doc.get("version", 0)) > VERSION:
-        raise ValueError(f"{path}: package version {doc.get('version')} is newer than this reader ({VERSION})")
+    version = doc.get("version", 0)
+    if type(version) is not int:
+        raise ValueError(f"{path}: field 'version' must be an integer, got {str(version)[:40]!r}")
+    if version > VERSION:
+        raise ValueError(f"{path}: package version {version} is newer than this reader ({VERSION})")
     api = _field(doc, "api", str, path)
     records.parse_name(api)
     call = _field(doc, "call", dict, path)
@@ -392,8 +400,10 @@ def load_package(package_dir: str) -> Package:
         records.safe_data_path(package_dir, fname[:-4] if fname.endswith(".npy") else fname)
         if not fname.endswith(".npy") or os.path.isabs(fname):
             raise ValueError(f"{where}: field 'file' must be a .npy file name inside the package")
-        infos[key] = TensorInfo(key, fname, _field(t, "dtype", str, where),
-                                tuple(int(s) for s in _field(t, "shape", list, where)),
+        shape = _field(t, "shape", list, where)
+        if not all(type(n) is int and 0 <= n < 2 ** 63 for n in shape) or len(shape) > 64:
+            raise ValueError(f"{where}: field 'shape' must be a list of at most 64 non-negative integers")
+        infos[key] = TensorInfo(key, fname, _field(t, "dtype", str, where), tuple(shape),
                                 bool(t.get("requires_grad", False)))
     for ref in tensor_refs(call):
         if not isinstance(ref, str) or ref not in infos:
@@ -401,5 +411,36 @@ def load_package(package_dir: str) -> Package:
     rng = doc.get("rng")
     if rng is not None and (not isinstance(rng, dict) or rng.get("file") != RNG_FILE):
         raise ValueError(f"{path}: field 'rng' must be {{'device': ..., 'file': {RNG_FILE!r}}}")
-    return Package(os.path.abspath(package_dir), api, call, infos, doc.get("stack") or [], doc.get("meta") or {},
-                   rng)
+    stack, meta = doc.get("stack") or [], doc.get("meta") or {}
+    if not isinstance(stack, list) or not isinstance(meta, dict):
+        raise ValueError(f"{path}: fields 'stack' and 'meta' must be a list and an object")
+    return Package(os.path.abspath(package_dir), api, call, infos, stack, meta, rng)
+
+
+#: a package.json larger than this is refused (a call spec and a stack are a few KB)
+MAX_JSON_BYTES = 16 << 20
+
+
+def _read_json(path: str) -> Any:
+    """``package.json`` parsed, as a regular file of bounded size and nesting (the dump reader's
+    :data:`~pytest_ptdbg.dump.reader.MAX_DEPTH`): ValueError naming the file otherwise."""
+    from pytest_ptdbg.dump.npy import open_regular
+    from pytest_ptdbg.dump.reader import MAX_DEPTH, nesting_ok
+
+    with open_regular(path, PACKAGE_FILE) as fh:
+        raw = fh.read(MAX_JSON_BYTES + 1)
+    if len(raw) > MAX_JSON_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_JSON_BYTES >> 20} MiB: not a reproduction package")
+    try:
+        text = raw.decode("utf-8")
+        brackets = text.count("[") + text.count("{")
+        doc = json.loads(text)
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not nesting_ok(doc, MAX_DEPTH, brackets):
+        raise ValueError(f"{path}: JSON nested deeper than {MAX_DEPTH} levels")
+    return doc

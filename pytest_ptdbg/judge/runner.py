@@ -123,6 +123,7 @@ def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[st
     dt = parse_dtype(dtype)
     p = pkg.parsed
     func = resolve_api(p.api_type, p.api_name, pkg.api)  # ReplayRefused unless allowlisted
+    guard_package(func, pkg)  # AllocationRefused: it would make more than its recorded outputs
     backward = p.direction == "backward"
     leaves: Dict[str, Any] = {}
 
@@ -175,6 +176,47 @@ def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[st
     return result
 
 
+def guard_package(func: Callable, pkg: Package) -> None:
+    """Refuse (AllocationRefused, before anything is loaded or run) a package whose call would
+    make more elements than its recorded outputs (``output.*``, and the gradients arriving at them,
+    ``backward_input.*``) allow; each output counted at most as many elements as its file has
+    bytes, so a ``package.json`` cannot claim outputs its files do not hold."""
+    import os
+
+    from pytest_ptdbg.judge.allocation import FLOOR, guard_call
+
+    shapes, outputs = {}, []
+    for key, info in pkg.tensors.items():
+        io = key.split(".", 1)[0]
+        if io == "input":
+            shapes[key] = info.shape
+        elif io in ("output", "backward_input"):
+            try:
+                size = os.stat(pkg.file_path(key)).st_size
+            except (OSError, ValueError):
+                size = 0
+            outputs.append((min(math.prod(info.shape), size),))
+
+    def value(key: str) -> Any:
+        info = pkg.tensors.get(key)
+        return pkg.load_array(key) if info is not None and math.prod(info.shape) <= FLOOR else None
+
+    def dtype(key: str) -> Any:
+        name = pkg.tensors[key].dtype
+        return _torch_dtype(name) or _np_torch_dtype(name)
+
+    guard_call(func, pkg.api, pkg.call, shapes, dtype, outputs, value)
+
+
+def _np_torch_dtype(name: str) -> Any:
+    import torch
+
+    try:
+        return torch.from_numpy(np.empty(0, dtype=np.dtype(name.split(".", 1)[-1]))).dtype
+    except (TypeError, ValueError):
+        return torch.float32
+
+
 def _call(pkg: Package, func: Callable, args: list, kwargs: dict) -> Any:
     try:
         return func(*args, **kwargs)
@@ -194,10 +236,14 @@ def _same_draws(pkg: Package, dev: Any) -> Iterator[None]:
         return
     state = torch.from_numpy(np.ascontiguousarray(saved[1]))
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-        if dev.type == "cpu":
-            torch.set_rng_state(state)
-        else:
-            torch.cuda.set_rng_state(state, dev)
+        try:
+            if dev.type == "cpu":
+                torch.set_rng_state(state)
+            else:
+                torch.cuda.set_rng_state(state, dev)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise ReplayError(f"{pkg.api}: its random generator state ({pkgmod.RNG_FILE}, {state.numel()} "
+                              f"bytes) is not a {dev.type} generator state: {' '.join(str(exc).split())}") from None
         yield
 
 

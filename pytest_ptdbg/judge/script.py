@@ -12,6 +12,7 @@ rebuilt from the entry. A package the judge refuses gives no script (ReplayRefus
 from __future__ import annotations
 
 import keyword
+import math
 import os
 import re
 from typing import Any, Dict, List, Optional
@@ -144,8 +145,10 @@ def render_value(value: Any, names: Dict[str, str], family: Optional[str] = None
     the judge has not accepted (``check_call``) raises ReplayError."""
     if value is None or isinstance(value, bool):
         return repr(value)
-    if type(value) in (int, float):
+    if type(value) is int:
         return repr(value)
+    if type(value) is float:
+        return repr(value) if math.isfinite(value) else f"float({str(value)!r})"  # inf, -inf, nan
     if isinstance(value, str):
         rule = allowlist.string_rule(family, position, keyword) if family else None
         if rule is None or not rule.allows(value):
@@ -265,9 +268,16 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
 
 
 def write_script(package_dir: str, out_path: str) -> str:
-    """Write the standalone script of the package in ``package_dir`` to ``out_path``; returns the path."""
+    """Write the standalone script of the package in ``package_dir`` to ``out_path``, a path that
+    must not exist yet (FileExistsError for a file or a symlink there); returns the path."""
     pkg = pkgmod.load_package(package_dir)
     text = script_text(pkg, os.path.basename(out_path))
-    with open(out_path, "w") as fh:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:  # a new file only: never through a symlink, never over an existing file
+        fd = os.open(out_path, flags, 0o644)
+    except FileExistsError:
+        kind = "a symbolic link" if os.path.islink(out_path) else "an existing file"
+        raise FileExistsError(f"{out_path}: {kind}; the script is written only to a new path") from None
+    with os.fdopen(fd, "w") as fh:
         fh.write(text)
     return out_path

@@ -239,6 +239,8 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
     if replay is not None:
         for v in replay.verdicts:
             row = first_row.get(v.api, -1)
+            if getattr(v, "unusable", False):  # refused as unusable data (a memory bomb): never a pass
+                bad_rows.append(f"{v.api}: {v.reason}")
             if str(v.status) == "root cause":
                 add(RootCause(v.api, v.direction, Cause.NONFINITE if v.nonfinite else Cause.OVER_BUDGET,
                               v.text().split(": ", 1)[-1], v.order, row, v.family, v.ratio, v.own_error,
