@@ -40,9 +40,9 @@ class CompareResult:
     side only; see ``judge/step.py``). With an explicit ``rule`` ("ptdbg", "dtype"): no row fails
     that rule (``_passed`` all True, which unusable rows never are) and ``problems`` is empty.
     Every entry of ``problems`` is data that could not be used (an unreadable line or file, an
-    empty side, a dump cut short) and counts against the verdict; ``notes`` says what fails
-    nothing (completeness unknown for ptdbg/msprobe dumps, a summary compare chosen because a
-    side has no tensors, a replay judgement that could not run).
+    empty side, a dump cut short, a replay judgement that could not start) and counts against the
+    verdict; ``notes`` says what fails nothing (completeness unknown for ptdbg/msprobe dumps, a
+    summary compare chosen because a side has no tensors, a replay skipped without torch).
     """
 
     table: pd.DataFrame
@@ -228,7 +228,8 @@ def _judge(npu: reader.Dump, bench: reader.Dump, table: pd.DataFrame, problems: 
         except ImportError as e:
             notes.append(f"replay check skipped: {e} (it needs torch); judged from statistics")
         except Exception as e:  # noqa: BLE001 - a failed replay must not lose the compare's reports
-            notes.append(f"replay check failed: {type(e).__name__}: {e}; judged from statistics")
+            # (each call is judged on its own: this is a failure before any call, never a pass)
+            problems.append(f"replay check failed: {type(e).__name__}: {e}; no call was judged by replay")
     elif replay_check:
         notes.append("the NPU dump has no full tensors: judged from statistics (localisation is weaker)")
     return judge_step(table, problems, replay)

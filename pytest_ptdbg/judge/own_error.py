@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from pytest_ptdbg.dump import reader
+from pytest_ptdbg.dump.validate import call_problem
 from pytest_ptdbg.errors import NotReplayable, ReplayError, ReplayRefused
 from pytest_ptdbg.format import records
 from pytest_ptdbg.format.gc_pause import paused_gc
@@ -85,6 +86,9 @@ class CallVerdict:
     passes_through: bool = False
     #: a root cause whose result a replay in this lower precision reproduces (a reduced-precision kernel)
     matches_dtype: str = ""
+    #: not judged, and not for a reason its statistics may stand in for: its record is malformed
+    #: or its replay failed (out of memory, an unexpected error); the step fails naming it
+    unusable: bool = False
 
     @property
     def key(self) -> str:
@@ -93,7 +97,8 @@ class CallVerdict:
     def to_dict(self) -> Dict[str, Any]:
         d = {k: getattr(self, k) for k in ("api", "direction", "order", "family", "reason", "worst",
                                            "nonfinite", "compute_dtype", "bench_arguments",
-                                           "changed_args", "ctx", "passes_through", "matches_dtype")}
+                                           "changed_args", "ctx", "passes_through", "matches_dtype",
+                                           "unusable")}
         d["status"] = self.status.value
         for k in ("ratio", "own_error", "budget"):
             v = getattr(self, k)
@@ -102,7 +107,7 @@ class CallVerdict:
 
     def text(self) -> str:
         if self.status == Status.NOT_JUDGED:
-            return f"{self.api}: not judged ({self.reason})"
+            return f"{self.api}: {'could not be judged' if self.unusable else 'not judged'} ({self.reason})"
         if self.nonfinite:
             return f"{self.api}: NaN/Inf in {self.worst} that a replay of the same inputs does not produce"
         low = f"; it matches a {self.matches_dtype} computation" if self.matches_dtype else ""
@@ -134,8 +139,14 @@ class DumpJudgement:
         return [v for v in self.verdicts if v.status != Status.NOT_JUDGED]
 
     @property
+    def unusable(self) -> List[CallVerdict]:
+        """Calls that could not be judged for a reason statistics cannot stand in for (a malformed
+        record, a replay out of memory or failing unexpectedly): they fail the judgement."""
+        return [v for v in self.verdicts if v.unusable]
+
+    @property
     def passed(self) -> bool:
-        return not self.root_causes
+        return not self.root_causes and not self.unusable
 
     def by_api(self) -> Dict[str, CallVerdict]:
         return {v.api: v for v in self.verdicts}
@@ -157,6 +168,8 @@ class DumpJudgement:
                  "reference kernel's error in the call's compute dtype against a float64 oracle):"]
         for v in self.root_causes[:limit]:
             lines.append(f"  ROOT CAUSE {v.text()}")
+        for v in self.unusable[:limit]:
+            lines.append(f"  UNUSABLE {v.text()}")
         nj = self.not_judged
         if nj:
             reasons: Dict[str, int] = {}
@@ -171,6 +184,7 @@ class DumpJudgement:
         return {"source": self.source, "device": self.device, "seconds": self.seconds,
                 "factor": self.factor, "root_causes": [v.api for v in self.root_causes],
                 "not_judged": [[v.api, v.reason] for v in self.not_judged],
+                "unusable": [[v.api, v.reason] for v in self.unusable],
                 "verdicts": [v.to_dict() for v in self.verdicts]}
 
 
@@ -178,13 +192,24 @@ class DumpJudgement:
 
 
 def _call_spec(rec: Optional[reader.ApiRec]) -> Optional[dict]:
+    """The call spec (``extra["call"]``) of a forward record, when it is well formed."""
     if rec is None:
         return None
     for t in rec.tensors:
         spec = t.extra.get("call") if isinstance(t.extra, dict) else None
-        if isinstance(spec, dict) and isinstance(spec.get("args"), list):
+        if spec is not None and not call_problem(spec):
             return spec
     return None
+
+
+def _malformed_spec(rec: reader.ApiRec) -> str:
+    """``record NAME (line N): why`` of the first malformed call spec of ``rec``, or ``""``."""
+    for t in rec.tensors:
+        if isinstance(t.extra, dict) and "call" in t.extra:
+            why = call_problem(t.extra["call"])
+            if why:
+                return f"malformed call record {t.name!r}" + (f" (line {t.line})" if t.line else "") + f": {why}"
+    return ""
 
 
 def _tensor_refs(spec: Any) -> List[str]:
@@ -578,29 +603,65 @@ def _dropout(call: _Call, spec: dict, special: NJ.Special, fwd: reader.ApiRec,
     return out
 
 
+#: what torch's CPU and CUDA allocators say when an allocation fails (a RuntimeError, not a MemoryError)
+_OOM_TEXT = ("can't allocate memory", "not enough memory", "out of memory", "Cannot allocate memory")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a failed allocation: numpy's
+    MemoryError, torch's OutOfMemoryError, or torch's allocator's RuntimeError."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+            return True
+        if isinstance(exc, (RuntimeError, ReplayError)) and any(t in str(exc) for t in _OOM_TEXT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
                 dev: Any, factor: float, seen: Sequence[str] = (), store: Optional[ArrayStore] = None) -> List[CallVerdict]:
     """The verdicts of one call (forward, and backward when recorded); never raises for the call.
     ``passes_through`` comes from the recorded data alone, so it is set even when not replayed."""
     recs = [r for r in (fwd, bwd) if r is not None]
+
+    def failed(why: str) -> List[CallVerdict]:  # could not be judged: fails, named (CallVerdict.unusable)
+        return [_verdict(r, Status.NOT_JUDGED, why[:300], unusable=True) for r in recs]
+
+    bad = _malformed_spec(fwd)
+    if bad:
+        return failed(bad)
     try:
         call: Optional[_Call] = _Call(fwd, bwd, store)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:  # the table names the file and fails its row
         call = None
         vs = [_verdict(r, Status.NOT_JUDGED, f"could not read its data: {exc}"[:300]) for r in recs]
+    except MemoryError as exc:
+        return failed(f"out of memory reading its data (MemoryError: {exc})")
+    except Exception as exc:  # noqa: BLE001 - one call's failure never switches the others off
+        return failed(f"could not read its data: {type(exc).__name__}: {exc}")
     if call is not None:
         try:
             vs = _replay_call(call, fwd, bwd, bench_fwd, dev, factor, seen)
         except ReplayRefused as exc:
             vs = [_verdict(r, Status.NOT_JUDGED, f"not replayed: {exc}") for r in recs]
-        except (ReplayError, NotReplayable, LookupError, ValueError, OSError, RuntimeError, TypeError) as exc:
+        except (ReplayError, NotReplayable, LookupError, ValueError, OSError, RuntimeError, TypeError,
+                MemoryError) as exc:
+            if out_of_memory(exc):  # torch's allocator raises RuntimeError; the replay wraps it
+                return failed(f"out of memory in its replay ({type(exc).__name__}: {exc})")
             vs = [_verdict(r, Status.NOT_JUDGED, f"could not replay: {exc}"[:300]) for r in recs]
-        for v in vs:
-            if v.direction == "forward":
-                v.passes_through = _passes_through(call, call.keys("output."), call.keys("input."))
-            else:
-                v.passes_through = _passes_through(call, call.keys("backward_output."),
-                                                   call.keys("backward_input."), rounded=True)
+        except Exception as exc:  # noqa: BLE001 - as above
+            return failed(f"its replay failed: {type(exc).__name__}: {exc}")
+        try:
+            for v in vs:
+                if v.direction == "forward":
+                    v.passes_through = _passes_through(call, call.keys("output."), call.keys("input."))
+                else:
+                    v.passes_through = _passes_through(call, call.keys("backward_output."),
+                                                       call.keys("backward_input."), rounded=True)
+        except MemoryError:  # passes_through stays False: the call counts as value-changing
+            pass
     return vs
 
 
@@ -740,7 +801,10 @@ def judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump,
     dump (optional; statistics-only is enough): its recorded arguments are used for paired calls.
     ``pairs``: device API key -> bench API key (forward keys; default: the same key). ``device``:
     where to replay (the bench device). Returns a :class:`DumpJudgement`; raises ImportError
-    without torch. Nothing raises for one call: a call that cannot be replayed is not judged.
+    without torch. Nothing raises for one call, and no call's failure stops the others: a call
+    that cannot be replayed is not judged (its statistics judge it, ``judge/step.py``), one whose
+    record is malformed or whose replay ran out of memory or failed unexpectedly could not be
+    judged (``CallVerdict.unusable``: it fails the judgement, named with the reason).
     """
     with paused_gc():  # as compare() runs it: the calls make many small objects and no cycles
         return _judge_dump(dump, reference, device, pairs, factor, progress)
