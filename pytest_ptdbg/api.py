@@ -23,7 +23,7 @@ from pytest_ptdbg.comparison.table import build_table
 from pytest_ptdbg.dump import reader
 from pytest_ptdbg.format.gc_pause import paused_gc
 from pytest_ptdbg.format.progress import Progress
-from pytest_ptdbg.judge.step import StepJudgement, judge_step
+from pytest_ptdbg.judge.step import StepJudgement, judge_step, unusable_text
 from pytest_ptdbg.report import outputs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -225,6 +225,8 @@ def _judge(npu: reader.Dump, bench: reader.Dump, table: pd.DataFrame, problems: 
             from pytest_ptdbg.judge.own_error import judge_dump
 
             replay = judge_dump(npu, bench, device=device, pairs=_pairs(table), progress=say)
+            # calls it could not judge (malformed, out of memory) are unusable data, said with the rest
+            problems.extend(unusable_text(v) for v in replay.unusable)
         except ImportError as e:
             notes.append(f"replay check skipped: {e} (it needs torch); judged from statistics")
         except Exception as e:  # noqa: BLE001 - a failed replay must not lose the compare's reports

@@ -41,7 +41,7 @@ import pandas as pd
 
 from pytest_ptdbg.format.text import TextEnum, fmt_error
 
-__all__ = ["Cause", "RootCause", "StepJudgement", "judge_step", "statistics_causes", "rescan_hint",
+__all__ = ["Cause", "RootCause", "StepJudgement", "judge_step", "statistics_causes", "rescan_hint", "unusable_text",
            "STAT_FACTOR", "STAT_FLOOR_UNITS", "STAT_SIGNIFICANT"]
 
 #: statistics-only: an output's statistic error must exceed this many times its inputs' ...
@@ -172,6 +172,11 @@ def _side(api: str, bench_api: str, npu_name: str) -> str:
 # ----------------------------------------------------------------------------------- judging
 
 
+def unusable_text(v: Any) -> str:
+    """How a call the replay could not judge (``CallVerdict.unusable``) is listed as unusable."""
+    return f"{v.api}: could not be judged ({v.reason})"
+
+
 def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
                statistics: bool = True) -> StepJudgement:
     """The step's verdict (module docstring). ``replay``: the device dump's
@@ -238,7 +243,7 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
         for v in replay.verdicts:
             row = first_row.get(v.api, -1)
             if getattr(v, "unusable", False):  # a malformed record, a replay out of memory: not a pass
-                bad_rows.append(f"{v.api}: could not be judged ({v.reason})")
+                bad_rows.append(unusable_text(v))
             if str(v.status) == "root cause":
                 add(RootCause(v.api, v.direction, Cause.NONFINITE if v.nonfinite else Cause.OVER_BUDGET,
                               v.text().split(": ", 1)[-1], v.order, row, v.family, v.ratio, v.own_error,
@@ -285,7 +290,8 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
         return (row, rc.side != "NPU")
 
     ranked = sorted(causes.values(), key=key)
-    unusable_all = list(problems) + bad_rows
+    listed = set(problems)   # compare() lists the replay's unusable calls among its problems too
+    unusable_all = list(problems) + [b for b in bad_rows if b not in listed]
     j = StepJudgement(not ranked and not unusable_all, ranked, unusable_all, replay, by_stats)
     if by_stats and ranked:
         j.rescan = rescan_hint([r.api for r in ranked if r.side == "NPU"][:5])

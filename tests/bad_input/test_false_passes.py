@@ -159,6 +159,8 @@ def test_a_replay_out_of_memory_fails_naming_the_call_and_the_rest_is_judged(pai
     assert not r.passed
     assert any(target in u and "out of memory" in u for u in r.judgement.unusable), r.judgement.unusable
     _only_unusable(r.judgement.replay, target)
+    assert any(p.startswith(f"{target}: could not be judged (out of memory") for p in r.problems), r.problems
+    assert len(r.judgement.unusable) == len(set(r.judgement.unusable))
     if target == OTHER:
         assert (RELU, "own error over budget") in _causes(r), r.judgement.text()
     assert "could not be judged" in r.judgement.text()
