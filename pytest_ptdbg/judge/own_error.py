@@ -711,8 +711,8 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     orc = _run(func, fwd.key, use, call, dev, True, None, backward)
     try:
         ref = _run(func, fwd.key, use, call, dev, False, cast, backward)
-    except ReplayError:
-        if cast is None:
+    except ReplayError as exc:
+        if cast is None or out_of_memory(exc):
             raise
         ref = _run(func, fwd.key, use, call, dev, False, None, backward)  # no kernel in that dtype here
     dim = NJ.dim_arg(special, spec) if special is not None and special.treatment == NJ.Treatment.TIES else None
