@@ -23,7 +23,7 @@ from pytest_ptdbg.comparison.table import build_table
 from pytest_ptdbg.dump import reader
 from pytest_ptdbg.format.gc_pause import paused_gc
 from pytest_ptdbg.format.progress import Progress
-from pytest_ptdbg.judge.step import StepJudgement, judge_step
+from pytest_ptdbg.judge.step import StepJudgement, judge_step, unusable_text
 from pytest_ptdbg.report import outputs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,9 +40,9 @@ class CompareResult:
     side only; see ``judge/step.py``). With an explicit ``rule`` ("ptdbg", "dtype"): no row fails
     that rule (``_passed`` all True, which unusable rows never are) and ``problems`` is empty.
     Every entry of ``problems`` is data that could not be used (an unreadable line or file, an
-    empty side, a dump cut short) and counts against the verdict; ``notes`` says what fails
-    nothing (completeness unknown for ptdbg/msprobe dumps, a summary compare chosen because a
-    side has no tensors, a replay judgement that could not run).
+    empty side, a dump cut short, a replay judgement that could not start) and counts against the
+    verdict; ``notes`` says what fails nothing (completeness unknown for ptdbg/msprobe dumps, a
+    summary compare chosen because a side has no tensors, a replay skipped without torch).
     """
 
     table: pd.DataFrame
@@ -231,10 +231,13 @@ def _judge(npu: reader.Dump, bench: reader.Dump, table: pd.DataFrame, problems: 
             from pytest_ptdbg.judge.own_error import judge_dump
 
             replay = judge_dump(npu, bench, device=device, pairs=_pairs(table), progress=say)
+            # calls it could not judge (malformed, out of memory) are unusable data, said with the rest
+            problems.extend(unusable_text(v) for v in replay.unusable)
         except ImportError as e:
             notes.append(f"replay check skipped: {e} (it needs torch); judged from statistics")
         except Exception as e:  # noqa: BLE001 - a failed replay must not lose the compare's reports
-            notes.append(f"replay check failed: {type(e).__name__}: {e}; judged from statistics")
+            # (each call is judged on its own: this is a failure before any call, never a pass)
+            problems.append(f"replay check failed: {type(e).__name__}: {e}; no call was judged by replay")
     elif replay_check and summary_asked:
         notes.append("statistics (summary) compare asked for: the tensors were not read, so the calls "
                      "are judged from statistics, not by replay (localisation is weaker)")

@@ -9,6 +9,7 @@ tensors never needs them whole in memory (the metric kernels consume chunks).
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import stat
@@ -130,7 +131,7 @@ class NpyStream:
             raise ValueError(f"{path}: object arrays are refused (record {name!r}); data files are never unpickled")
         self.dtype = dtype
         self.shape = tuple(shape)
-        self.size = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        self.size = math.prod(int(v) for v in self.shape)   # Python ints: (2**32, 2**32) is not 0
         try:
             _check(path, name, self.shape, dtype.kind, rec_shape, rec_dtype)
         except ValueError:
@@ -140,12 +141,13 @@ class NpyStream:
         self._pos = 0
         start = f.tell()
         end = os.fstat(f.fileno()).st_size
-        if end - start < self.size * dtype.itemsize:   # checked before anything is allocated
+        want = self.size * dtype.itemsize
+        if end - start != want:   # checked before anything is allocated
             f.close()
             raise ValueError(
-                f"{path}: truncated .npy for record {name!r} "
-                f"({end - start} bytes of data, {self.size * dtype.itemsize} expected)"
-            )
+                f"{path}: {'truncated' if end - start < want else 'unreadable'} .npy for record {name!r} "
+                f"({end - start} bytes of data, its header's shape {list(self.shape)} of {dtype.str} "
+                f"is {want} bytes)")
         if fortran and len(self.shape) > 1:
             try:
                 f.seek(start)

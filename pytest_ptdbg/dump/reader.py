@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from pytest_ptdbg.format import records
 from pytest_ptdbg.format.gc_pause import paused_gc
 from pytest_ptdbg.format.manifest import Completeness, aside_name, is_marked_aside, judge_completeness
+from pytest_ptdbg.dump.validate import call_problem, stats_problem
 
 MSPROBE_JSON = "dump.json"
 MSPROBE_STACK = "stack.json"
@@ -623,6 +624,7 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         api_key = name[:cut]
         t = TensorRec(name, api_key, p.io, p.index or (), p.direction, dtype, shape, stats, extra, lineno)
     a = b.apis.get(api_key) or b.api(api_key, p)
+    _check_record(b, t, lineno)
     if extra.get("ctx"):
         a.ctx = str(extra["ctx"])
     a.tensors.append(t)
@@ -641,6 +643,19 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         b.named += 1
         if b.files is None or (t.data_file is None and npy not in b.files):
             b.absent.append(npy)
+
+
+def _check_record(b: "_Builder", t: TensorRec, lineno: int) -> None:
+    """A record that contradicts itself (``dump/validate.py``) is unusable data, named."""
+    why = stats_problem(t.stats, t.extra, t.shape)
+    if not why and "call" in t.extra:
+        why = call_problem(t.extra["call"])
+        why = f"malformed call spec: {why}" if why else ""
+    elif why:
+        why = f"contradictory statistics: {why}"
+    if why:
+        where = f"{b.source}:{lineno}" if lineno else b.source
+        b.problems.append(f"{where}: record {t.name!r}: {why} (unusable record)")
 
 
 # ---------------------------------------------------------------------------------------- msprobe
@@ -800,6 +815,7 @@ def _read_msprobe(path: str, data_dir: Optional[str]) -> Dump:
                     t = TensorRec(name, key, io, idx, p.direction, str(tdict.get("dtype")), shape,
                                   stats, extra, 0)
                     a.tensors.append(t)
+                    _check_record(b, t, 0)
                     dn = tdict.get("data_name")
                     if isinstance(dn, str) and dn and dn != "-1":
                         try:

@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from pytest_ptdbg.dump import reader
+from pytest_ptdbg.dump.validate import call_problem
 from pytest_ptdbg.errors import AllocationRefused, NotReplayable, ReplayError, ReplayRefused
 from pytest_ptdbg.format import records
 from pytest_ptdbg.format.gc_pause import paused_gc
@@ -85,7 +86,9 @@ class CallVerdict:
     passes_through: bool = False
     #: a root cause whose result a replay in this lower precision reproduces (a reduced-precision kernel)
     matches_dtype: str = ""
-    #: refused as unusable data (a call that asks for more memory than its record made): fails the step
+    #: not judged, and not for a reason its statistics may stand in for: its record is malformed,
+    #: its replay failed (out of memory, an unexpected error) or it asks for more memory than its
+    #: record made (a memory bomb); the step fails naming it
     unusable: bool = False
 
     @property
@@ -95,7 +98,8 @@ class CallVerdict:
     def to_dict(self) -> Dict[str, Any]:
         d = {k: getattr(self, k) for k in ("api", "direction", "order", "family", "reason", "worst",
                                            "nonfinite", "compute_dtype", "bench_arguments",
-                                           "changed_args", "ctx", "passes_through", "matches_dtype")}
+                                           "changed_args", "ctx", "passes_through", "matches_dtype",
+                                           "unusable")}
         d["status"] = self.status.value
         for k in ("ratio", "own_error", "budget"):
             v = getattr(self, k)
@@ -104,7 +108,7 @@ class CallVerdict:
 
     def text(self) -> str:
         if self.status == Status.NOT_JUDGED:
-            return f"{self.api}: not judged ({self.reason})"
+            return f"{self.api}: {'could not be judged' if self.unusable else 'not judged'} ({self.reason})"
         if self.nonfinite:
             return f"{self.api}: NaN/Inf in {self.worst} that a replay of the same inputs does not produce"
         low = f"; it matches a {self.matches_dtype} computation" if self.matches_dtype else ""
@@ -136,8 +140,14 @@ class DumpJudgement:
         return [v for v in self.verdicts if v.status != Status.NOT_JUDGED]
 
     @property
+    def unusable(self) -> List[CallVerdict]:
+        """Calls that could not be judged for a reason statistics cannot stand in for (a malformed
+        record, a replay out of memory or failing unexpectedly): they fail the judgement."""
+        return [v for v in self.verdicts if v.unusable]
+
+    @property
     def passed(self) -> bool:
-        return not self.root_causes
+        return not self.root_causes and not self.unusable
 
     def by_api(self) -> Dict[str, CallVerdict]:
         return {v.api: v for v in self.verdicts}
@@ -159,6 +169,8 @@ class DumpJudgement:
                  "reference kernel's error in the call's compute dtype against a float64 oracle):"]
         for v in self.root_causes[:limit]:
             lines.append(f"  ROOT CAUSE {v.text()}")
+        for v in self.unusable[:limit]:
+            lines.append(f"  UNUSABLE {v.text()}")
         nj = self.not_judged
         if nj:
             reasons: Dict[str, int] = {}
@@ -173,6 +185,7 @@ class DumpJudgement:
         return {"source": self.source, "device": self.device, "seconds": self.seconds,
                 "factor": self.factor, "root_causes": [v.api for v in self.root_causes],
                 "not_judged": [[v.api, v.reason] for v in self.not_judged],
+                "unusable": [[v.api, v.reason] for v in self.unusable],
                 "verdicts": [v.to_dict() for v in self.verdicts]}
 
 
@@ -180,13 +193,24 @@ class DumpJudgement:
 
 
 def _call_spec(rec: Optional[reader.ApiRec]) -> Optional[dict]:
+    """The call spec (``extra["call"]``) of a forward record, when it is well formed."""
     if rec is None:
         return None
     for t in rec.tensors:
         spec = t.extra.get("call") if isinstance(t.extra, dict) else None
-        if isinstance(spec, dict) and isinstance(spec.get("args"), list):
+        if spec is not None and not call_problem(spec):
             return spec
     return None
+
+
+def _malformed_spec(rec: reader.ApiRec) -> str:
+    """``record NAME (line N): why`` of the first malformed call spec of ``rec``, or ``""``."""
+    for t in rec.tensors:
+        if isinstance(t.extra, dict) and "call" in t.extra:
+            why = call_problem(t.extra["call"])
+            if why:
+                return f"malformed call record {t.name!r}" + (f" (line {t.line})" if t.line else "") + f": {why}"
+    return ""
 
 
 def _tensor_refs(spec: Any) -> List[str]:
@@ -580,16 +604,44 @@ def _dropout(call: _Call, spec: dict, special: NJ.Special, fwd: reader.ApiRec,
     return out
 
 
+#: what torch's CPU and CUDA allocators say when an allocation fails (a RuntimeError, not a MemoryError)
+_OOM_TEXT = ("can't allocate memory", "not enough memory", "out of memory", "Cannot allocate memory")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a failed allocation: numpy's
+    MemoryError, torch's OutOfMemoryError, or torch's allocator's RuntimeError."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+            return True
+        if isinstance(exc, (RuntimeError, ReplayError)) and any(t in str(exc) for t in _OOM_TEXT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
                 dev: Any, factor: float, seen: Sequence[str] = (), store: Optional[ArrayStore] = None) -> List[CallVerdict]:
     """The verdicts of one call (forward, and backward when recorded); never raises for the call.
     ``passes_through`` comes from the recorded data alone, so it is set even when not replayed."""
     recs = [r for r in (fwd, bwd) if r is not None]
+
+    def failed(why: str) -> List[CallVerdict]:  # could not be judged: fails, named (CallVerdict.unusable)
+        return [_verdict(r, Status.NOT_JUDGED, why[:300], unusable=True) for r in recs]
+
+    bad = _malformed_spec(fwd)
+    if bad:
+        return failed(bad)
     try:
         call: Optional[_Call] = _Call(fwd, bwd, store)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:  # the table names the file and fails its row
         call = None
         vs = [_verdict(r, Status.NOT_JUDGED, f"could not read its data: {exc}"[:300]) for r in recs]
+    except MemoryError as exc:
+        return failed(f"out of memory reading its data (MemoryError: {exc})")
+    except Exception as exc:  # noqa: BLE001 - one call's failure never switches the others off
+        return failed(f"could not read its data: {type(exc).__name__}: {exc}")
     if call is not None:
         try:
             vs = _replay_call(call, fwd, bwd, bench_fwd, dev, factor, seen)
@@ -597,14 +649,22 @@ def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Opt
             vs = [_verdict(r, Status.NOT_JUDGED, f"not replayed: {exc}", unusable=True) for r in recs]
         except ReplayRefused as exc:
             vs = [_verdict(r, Status.NOT_JUDGED, f"not replayed: {exc}") for r in recs]
-        except (ReplayError, NotReplayable, LookupError, ValueError, OSError, RuntimeError, TypeError) as exc:
+        except (ReplayError, NotReplayable, LookupError, ValueError, OSError, RuntimeError, TypeError,
+                MemoryError) as exc:
+            if out_of_memory(exc):  # torch's allocator raises RuntimeError; the replay wraps it
+                return failed(f"out of memory in its replay ({type(exc).__name__}: {exc})")
             vs = [_verdict(r, Status.NOT_JUDGED, f"could not replay: {exc}"[:300]) for r in recs]
-        for v in vs:
-            if v.direction == "forward":
-                v.passes_through = _passes_through(call, call.keys("output."), call.keys("input."))
-            else:
-                v.passes_through = _passes_through(call, call.keys("backward_output."),
-                                                   call.keys("backward_input."), rounded=True)
+        except Exception as exc:  # noqa: BLE001 - as above
+            return failed(f"its replay failed: {type(exc).__name__}: {exc}")
+        try:
+            for v in vs:
+                if v.direction == "forward":
+                    v.passes_through = _passes_through(call, call.keys("output."), call.keys("input."))
+                else:
+                    v.passes_through = _passes_through(call, call.keys("backward_output."),
+                                                       call.keys("backward_input."), rounded=True)
+        except MemoryError:  # passes_through stays False: the call counts as value-changing
+            pass
     return vs
 
 
@@ -656,8 +716,8 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     orc = _run(func, fwd.key, use, call, dev, True, None, backward)
     try:
         ref = _run(func, fwd.key, use, call, dev, False, cast, backward)
-    except ReplayError:
-        if cast is None:
+    except ReplayError as exc:
+        if cast is None or out_of_memory(exc):
             raise
         ref = _run(func, fwd.key, use, call, dev, False, None, backward)  # no kernel in that dtype here
     dim = NJ.dim_arg(special, spec) if special is not None and special.treatment == NJ.Treatment.TIES else None
@@ -715,25 +775,61 @@ def _matching_precision(func: Callable, api: str, spec: dict, call: _Call, dev: 
 
     if key not in call.arrays or key not in orc:
         return ""
-    d = call.arrays[key].astype(np.float64)
-    o = _np(orc[key])
-    fin = np.isfinite(d) & np.isfinite(o)
-    to_orc = float(np.linalg.norm((d - o)[fin]))
+    d, o = call.arrays[key], orc[key]
+    to_orc = _distance(d, o)
     for low in (torch.bfloat16, torch.float16):
-        rounded = orc[key].to(low).to(torch.float64).numpy() if orc[key].is_floating_point() else o
-        if float(np.linalg.norm((d - rounded)[fin & np.isfinite(rounded)])) < 0.5 * to_orc:
+        rounded = _distance(d, o, low=low if o.is_floating_point() else None, also=(o,))
+        if rounded < 0.5 * to_orc:
             return str(low)
         try:
             r = _run(func, api, spec, call, dev, False, low, backward)
         except (ReplayError, RuntimeError, ValueError, TypeError):
             continue
-        if key not in r:
+        if key not in r or r[key].numel() != d.size:
             continue
-        x = _np(r[key])
-        ok = fin & np.isfinite(x)
-        if float(np.linalg.norm((d - x)[ok])) < 0.5 * to_orc:
+        if _distance(d, r[key], also=(o,)) < 0.5 * to_orc:
             return str(low)
     return ""
+
+
+#: elements per chunk of :func:`_distance` (8 MiB of float64 per operand)
+_DIST_CHUNK = 1 << 20
+
+
+def _flat(a: Any) -> Any:
+    """A flat view (a copy only when a tensor is not contiguous) of an array or a tensor."""
+    return a.reshape(-1) if isinstance(a, np.ndarray) else a.detach().reshape(-1)
+
+
+def _chunk64(a: Any, i: int, j: int, low: Any = None) -> np.ndarray:
+    """Elements ``i:j`` of a flat array or tensor in float64 (a tensor rounded to ``low`` first)."""
+    import torch
+
+    if isinstance(a, np.ndarray):
+        return a[i:j].astype(np.float64)
+    t = a[i:j]
+    if low is not None:
+        t = t.to(low)
+    return t.to("cpu", torch.float64).numpy()
+
+
+def _distance(d: Any, x: Any, low: Any = None, also: Sequence[Any] = ()) -> float:
+    """‖d − x‖₂ over the elements where ``d``, ``x`` (rounded to the torch dtype ``low`` when
+    given) and every array of ``also`` are finite: float64 chunk by chunk (:data:`_DIST_CHUNK`),
+    so no whole-tensor float64 copy is made. ``d``, ``x``, ``also``: arrays or tensors of one size."""
+    df, xf, af = _flat(d), _flat(x), [_flat(a) for a in also]
+    n = int(df.shape[0])
+    total = 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(0, n, _DIST_CHUNK):
+            j = min(n, i + _DIST_CHUNK)
+            dc, xc = _chunk64(df, i, j), _chunk64(xf, i, j, low)
+            ok = np.isfinite(dc) & np.isfinite(xc)
+            for a in af:
+                ok &= np.isfinite(_chunk64(a, i, j))
+            diff = (dc - xc)[ok]
+            total += float(np.dot(diff, diff))
+    return math.sqrt(total)
 
 
 def judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump, None] = None, *,
@@ -746,7 +842,10 @@ def judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump,
     dump (optional; statistics-only is enough): its recorded arguments are used for paired calls.
     ``pairs``: device API key -> bench API key (forward keys; default: the same key). ``device``:
     where to replay (the bench device). Returns a :class:`DumpJudgement`; raises ImportError
-    without torch. Nothing raises for one call: a call that cannot be replayed is not judged.
+    without torch. Nothing raises for one call, and no call's failure stops the others: a call
+    that cannot be replayed is not judged (its statistics judge it, ``judge/step.py``), one whose
+    record is malformed or whose replay ran out of memory or failed unexpectedly could not be
+    judged (``CallVerdict.unusable``: it fails the judgement, named with the reason).
     """
     with paused_gc():  # as compare() runs it: the calls make many small objects and no cycles
         return _judge_dump(dump, reference, device, pairs, factor, progress)

@@ -2,14 +2,17 @@
 
 A step fails (:func:`judge_step`) iff
 
-* its data are unusable: ``problems`` (an unreadable or cut-short dump...) or ``_unusable`` rows
+* its data are unusable: ``problems`` (an unreadable or cut-short dump...), ``_unusable`` rows
   of the compare table (a call or tensor on one side only that the compare stage did not classify
-  as bookkeeping, a missing file, a changed shape); or
+  as bookkeeping, a missing file, a changed shape), or calls the replay could not judge for a
+  reason statistics cannot stand in for (``CallVerdict.unusable``: a malformed record, a replay
+  out of memory or failing unexpectedly); or
 * there is a **root cause** (:class:`Cause`):
 
   - ``OVER_BUDGET`` / ``NONFINITE``: the device's own error on its own recorded inputs is over its
     budget, or it has a NaN/Inf the replay of the same inputs does not produce
-    (:func:`pytest_ptdbg.judge.own_error.judge_dump`);
+    (:func:`pytest_ptdbg.judge.own_error.judge_dump`); and a NaN/Inf the bench does not have
+    that no earlier root cause explains (a NaN run's first input): its first tensor;
   - ``CHANGED_ARGUMENT``: a non-tensor argument differs (the table's ``_arg_changed`` rows, whose
     ``Err_message`` names both values; without that column, the judge's own comparison of the two
     recorded calls);
@@ -38,7 +41,7 @@ import pandas as pd
 
 from pytest_ptdbg.format.text import TextEnum, fmt_error
 
-__all__ = ["Cause", "RootCause", "StepJudgement", "judge_step", "statistics_causes", "rescan_hint",
+__all__ = ["Cause", "RootCause", "StepJudgement", "judge_step", "statistics_causes", "rescan_hint", "unusable_text",
            "STAT_FACTOR", "STAT_FLOOR_UNITS", "STAT_SIGNIFICANT"]
 
 #: statistics-only: an output's statistic error must exceed this many times its inputs' ...
@@ -174,6 +177,11 @@ def _side(api: str, bench_api: str, npu_name: str) -> str:
 # ----------------------------------------------------------------------------------- judging
 
 
+def unusable_text(v: Any) -> str:
+    """How a call the replay could not judge (``CallVerdict.unusable``) is listed as unusable."""
+    return f"{v.api}: could not be judged ({v.reason})"
+
+
 def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
                statistics: bool = True) -> StepJudgement:
     """The step's verdict (module docstring). ``replay``: the device dump's
@@ -239,8 +247,8 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
     if replay is not None:
         for v in replay.verdicts:
             row = first_row.get(v.api, -1)
-            if getattr(v, "unusable", False):  # refused as unusable data (a memory bomb): never a pass
-                bad_rows.append(f"{v.api}: {v.reason}")
+            if getattr(v, "unusable", False):  # a malformed record, a replay out of memory, a memory bomb: not a pass
+                bad_rows.append(unusable_text(v))
             if str(v.status) == "root cause":
                 add(RootCause(v.api, v.direction, Cause.NONFINITE if v.nonfinite else Cause.OVER_BUDGET,
                               v.text().split(": ", 1)[-1], v.order, row, v.family, v.ratio, v.own_error,
@@ -273,16 +281,37 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
                 rc.detail = f"{rc.detail} (judged from statistics: the replay could not judge this call)"
                 add(rc)
 
+    nf = _unmatched_nonfinite(table, paired)
+    if nf is not None and not any(0 <= rc.row <= nf for rc in causes.values()):
+        # a NaN/Inf the bench does not have and that no call before it explains (every statistic
+        # NaN from the step's first input on): the first such tensor is where it shows, and it fails
+        add(RootCause(apis[nf], direction[nf], Cause.NONFINITE,
+                      f"{npu_name[nf]} has NaN/Inf the bench's does not, and no recorded call before it "
+                      "produced one (it came in with the step's inputs, weights or an unrecorded call)",
+                      int(order[nf]), nf, family[nf], math.inf, ctx=ctx[nf]))
+
     def key(rc: RootCause) -> tuple:
         row = rc.row if rc.row >= 0 else first_row.get(rc.api, n)
         return (row, rc.side != "NPU")
 
     ranked = sorted(causes.values(), key=key)
-    unusable_all = list(problems) + bad_rows
+    listed = set(problems)   # compare() lists the replay's unusable calls among its problems too
+    unusable_all = list(problems) + [b for b in bad_rows if b not in listed]
     j = StepJudgement(not ranked and not unusable_all, ranked, unusable_all, replay, by_stats)
     if by_stats and ranked:
         j.rescan = rescan_hint([r.api for r in ranked if r.side == "NPU"][:5])
     return j
+
+
+def _unmatched_nonfinite(table: pd.DataFrame, paired: np.ndarray) -> Optional[int]:
+    """The first paired row whose NPU tensor has NaN/Inf (counted, or in its statistics) where the
+    bench's has none; None when there is none."""
+    if not len(table) or "_npu_nonfinite" not in table.columns:
+        return None
+    nn = np.nan_to_num(_num(table, "_npu_nonfinite"), nan=0.0)
+    bn = np.nan_to_num(_num(table, "_bench_nonfinite"), nan=0.0)
+    hit = np.flatnonzero(paired & (nn > 0) & (bn <= 0))
+    return int(hit[0]) if len(hit) else None
 
 
 @np.errstate(invalid="ignore", over="ignore", divide="ignore")  # NaN/Inf statistics are data here
