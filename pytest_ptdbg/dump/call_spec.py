@@ -7,6 +7,9 @@ as is; ``{"dtype": "torch.float32"}``, ``{"device": "cpu"}``, ``{"slice": [start
 ``{"ellipsis": true}``, ``{"tuple": [...]}``, lists as lists, ``{"float": "nan"|"inf"|"-inf"}``,
 ``{"repr": "..."}`` for anything else (not replayable). Also ``{"size": [...]}`` for torch.Size,
 ``{"memory_format": "torch.channels_last"}`` and ``{"layout": "torch.strided"}``.
+A tensor input whose memory is dense but not row-major (``channels_last``, a transposed copy)
+adds its strides under the optional ``"strides"`` key (``{"input.0": [3072, 1, 192, 12]}``), so a
+replay hands the kernel the layout it saw; readers that do not know the key ignore it.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 
 
-__all__ = ["encode_call", "encode_call_json", "encode_value"]
+__all__ = ["encode_call", "encode_call_json", "encode_value", "dense_strides"]
 
 
 def _idx(path: Tuple[int, ...]) -> str:
@@ -60,18 +63,64 @@ def encode_value(v: Any, path: Tuple[int, ...]) -> Any:
     return {"repr": repr(v)[:200]}
 
 
+def dense_strides(shape: Any, strides: Any) -> bool:
+    """Whether ``strides`` lay out a tensor of ``shape`` densely without overlap (a permutation of
+    a row-major layout; dimensions of size 1 take any stride): memory ``empty_strided`` can fill."""
+    if len(shape) != len(strides):
+        return False
+    dims = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: -strides[d])
+    expected = 1
+    for d in reversed(dims):
+        if shape[d] == 0:
+            return True
+        if strides[d] != expected:
+            return False
+        expected *= shape[d]
+    return True
+
+
+def _strides_of(v: Any, path: Tuple[int, ...], out: Dict[str, list]) -> None:
+    if isinstance(v, _Tensor):
+        try:
+            if v.layout is _STRIDED and not v.is_contiguous():
+                st = list(v.stride())
+                if dense_strides(v.shape, st):
+                    out[_idx(path)] = st
+        except (RuntimeError, NotImplementedError):  # nested, sparse-like subclasses: row-major
+            pass
+    elif type(v) is list or type(v) is tuple:
+        for j, x in enumerate(v):
+            _strides_of(x, path + (j,), out)
+
+
+def layout_strides(args: tuple, kwargs: Mapping[str, Any]) -> Dict[str, list]:
+    """``{"input.0": strides}`` of the tensor inputs laid out densely but not row-major."""
+    out: Dict[str, list] = {}
+    for i, v in enumerate(args):
+        _strides_of(v, (i,), out)
+    n = len(args)
+    for j, v in enumerate(kwargs.values()):
+        _strides_of(v, (n + j,), out)
+    return out
+
+
 def encode_call(args: tuple, kwargs: Mapping[str, Any]) -> Dict[str, Any]:
     """The call spec of ``func(*args, **kwargs)``: inputs are indexed args first, then kwargs."""
     n = len(args)
-    return {
+    spec = {
         "args": [encode_value(a, (i,)) for i, a in enumerate(args)],
         "kwargs": {k: encode_value(v, (n + j,)) for j, (k, v) in enumerate(kwargs.items())},
     }
+    st = layout_strides(args, kwargs)
+    if st:
+        spec["strides"] = st
+    return spec
 
 
 #: ``json.dumps(obj, separators=(", ", ": "))`` without building an encoder per call
 _ENCODE = json.JSONEncoder(separators=(", ", ": ")).encode
 _Tensor = torch.Tensor
+_STRIDED = torch.strided
 _float_repr = float.__repr__
 _int_repr = int.__repr__
 
@@ -111,5 +160,8 @@ def encode_call_json(args: tuple, kwargs: Mapping[str, Any]) -> str:
         kw = ", ".join([_json_str(k) + ": " + _value_json(v, (n + j,)) for j, (k, v) in enumerate(kwargs.items())])
     else:
         kw = ""
+    st = layout_strides(args, kwargs)
+    if st:
+        return '{"args": [' + a + '], "kwargs": {' + kw + '}, "strides": ' + _ENCODE(st) + "}"
     return '{"args": [' + a + '], "kwargs": {' + kw + "}}"
 

@@ -1,0 +1,105 @@
+"""The judge's edge cases on real dumped steps (issue 17, item 3): clean steps that must pass
+and a fault that must not, each on a tiny model with the structure of the model it came from."""
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+
+from pytest_ptdbg import PrecisionDebugger  # noqa: E402
+from pytest_ptdbg.format import records  # noqa: E402
+from pytest_ptdbg.judge import judge_dump  # noqa: E402
+
+
+def _dump(path, step):
+    """Dump one call of ``step()`` (forward and backward) in full; returns the rank folder."""
+    dbg = PrecisionDebugger(dump_path=str(path), hook_name="dump", step=[0])
+    dbg.configure_hook(mode="api_stack")
+    dbg.start()
+    try:
+        step()
+    finally:
+        dbg.stop()
+    dbg.close()
+    return records.rank_dir(str(path))
+
+
+def _npy(rank, name):
+    return os.path.join(rank, "api_stack_dump", f"{name}.npy")
+
+
+def _nudge(path, idx=(0, 5)):
+    """Move a saved float32 tensor's elements ``idx`` by one unit in the last place each way (what
+    another summation order of a correct kernel does)."""
+    a = np.load(path)
+    b = a.copy().reshape(-1)
+    for j, i in enumerate(idx):
+        b[i] = np.nextafter(b[i], np.float32(1 if j % 2 == 0 else -1))
+    np.save(path, b.reshape(a.shape))
+
+
+def test_a_bias_gradient_whose_reference_is_exact_still_has_a_rounding_budget(tmp_path):
+    """GPT-NeoX under bf16 autocast: a layer norm feeding an autocast linear gets bf16-valued
+    gradients, so its bias gradient (a sum of them) is exact in the CPU's order; a device that
+    sums in another order is one rounding off, which is not a root cause. A cast, which only
+    selects its input's values, keeps a budget of 0."""
+    torch.manual_seed(0)
+    ln, lin = nn.LayerNorm(32), nn.Linear(32, 16)
+    x = torch.randn(4, 8, 32)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = lin(ln(x))
+        y.float().pow(2).mean().backward()
+
+    rank = _dump(tmp_path, step)
+    before = judge_dump(rank)
+    assert before.passed, before.text()
+    _nudge(_npy(rank, "Functional_layer_norm_0_backward_output.3"))
+    j = judge_dump(rank)
+    v = j.by_api()["Functional_layer_norm_0_backward"]
+    assert str(v.status) == "within budget" and v.budget > 0, j.text()
+    assert j.passed, j.text()
+    # an exact call (the bf16 -> float32 cast of the linear's output) stays exact
+    _nudge(_npy(rank, "Tensor_float_0_forward_output.0"))
+    j = judge_dump(rank)
+    assert [c.api for c in j.root_causes] == ["Tensor_float_0_forward"], j.text()
+    assert j.root_causes[0].ratio == float("inf")
+
+
+def _conv_bn_step(channels_last):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                      nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
+    if channels_last:
+        m, x = m.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    return lambda: nn.functional.cross_entropy(m(x), y).backward()
+
+
+def test_a_channels_last_step_is_replayed_in_its_recorded_layout(tmp_path):
+    """A ResNet block in channels_last: BatchNorm's channels-last kernel sums in another order
+    than its contiguous kernel; replayed in the layout it was called with, it is within budget."""
+    rank = _dump(tmp_path, _conv_bn_step(True))
+    with open(os.path.join(rank, "api_stack_dump.pkl")) as f:
+        assert '"strides": {"input.0": [4096, 1, 256, 16]}' in f.read()
+    j = judge_dump(rank)
+    bn = [v for v in j.verdicts if v.family == "Functional_batch_norm"]
+    assert len(bn) == 4 and all(str(v.status) == "within budget" for v in bn), j.text()
+    assert j.passed, j.text()
+
+
+def test_a_crafted_layout_is_refused_not_replayed(tmp_path):
+    """Strides that would overlap memory are not handed to ``empty_strided``: the call is not judged."""
+    rank = _dump(tmp_path, _conv_bn_step(True))
+    pkl = os.path.join(rank, "api_stack_dump.pkl")
+    with open(pkl) as f:
+        text = f.read()
+    with open(pkl, "w") as f:
+        f.write(text.replace('"strides": {"input.0": [4096, 1, 256, 16]}', '"strides": {"input.0": [1, 1, 1, 1]}', 1))
+    j = judge_dump(rank)
+    refused = [v for v in j.not_judged if "strides" in v.reason]
+    assert refused and refused[0].family == "Functional_batch_norm", j.text()
