@@ -8,22 +8,12 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 
-from pytest_ptdbg import PrecisionDebugger  # noqa: E402
-from pytest_ptdbg.format import records  # noqa: E402
+from real_dumps import dump_step  # noqa: E402
 from pytest_ptdbg.judge import judge_dump  # noqa: E402
 
 
 def _dump(path, step):
-    """Dump one call of ``step()`` (forward and backward) in full; returns the rank folder."""
-    dbg = PrecisionDebugger(dump_path=str(path), hook_name="dump", step=[0])
-    dbg.configure_hook(mode="api_stack")
-    dbg.start()
-    try:
-        step()
-    finally:
-        dbg.stop()
-    dbg.close()
-    return records.rank_dir(str(path))
+    return dump_step(path, step).rank_dir
 
 
 def _npy(rank, name):
