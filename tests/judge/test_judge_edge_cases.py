@@ -93,3 +93,32 @@ def test_a_crafted_layout_is_refused_not_replayed(tmp_path):
     j = judge_dump(rank)
     refused = [v for v in j.not_judged if "strides" in v.reason]
     assert refused and refused[0].family == "Functional_batch_norm", j.text()
+
+
+def _zero_bias_step(noise):
+    torch.manual_seed(0)
+    ln, lin = nn.LayerNorm(16), nn.Linear(16, 4)
+    x = torch.randn(8, 16)
+    if noise:
+        with torch.no_grad():
+            ln.bias.add_(noise * torch.randn(16, generator=torch.Generator().manual_seed(1)))
+    return lambda: lin(ln(x)).pow(2).mean().backward()
+
+
+@pytest.mark.parametrize("summary_only", [False, True])
+def test_a_zero_bias_with_noise_is_judged_at_the_scale_of_its_data(tmp_path, summary_only):
+    """A zero-initialised LayerNorm bias with absolute 1e-6 noise on one side differs by 1e-6 at
+    the scale of the data it is added to (RMS 1), not by 1.0 relative to zero; a bias that is
+    really different (0.1) still makes the inputs differ at the start."""
+    from real_dumps import dump_step
+    from pytest_ptdbg import compare
+
+    bench = dump_step(tmp_path / "bench", _zero_bias_step(0.0))
+    for noise, differs in ((1e-6, False), (1e-1, True)):
+        npu = dump_step(tmp_path / f"npu{noise}", _zero_bias_step(noise))
+        r = compare(npu.input_param(bench, with_data=not summary_only), str(tmp_path / f"out{noise}"))
+        start = [c for c in r.judgement.root_causes if str(c.cause) == "inputs differ at the start"]
+        assert bool(start) == differs, r.judgement.text()
+        assert r.passed == (not differs), r.judgement.text()
+        if differs:
+            assert start[0].api == "Functional_layer_norm_0_forward" and "input 3" in start[0].detail
