@@ -842,6 +842,14 @@ def _judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump
             if fkey not in index:
                 seen.add(a.key)
                 out.verdicts.append(_verdict(a, Status.NOT_JUDGED, "its forward call was not recorded"))
+    if bench:  # a downcast the bench does not make, computed on in a higher precision later
+        from pytest_ptdbg.judge.downcast import downcasts
+
+        lowered = downcasts(d, bench, pairs, dev, store)
+        for v in out.verdicts:
+            if v.api in lowered:
+                v.changed_args = list(v.changed_args) + [lowered[v.api]]
+                v.lowered_precision = list(v.lowered_precision) + [lowered[v.api]]
     order = {a.key: (a.order, i) for i, a in enumerate(d.apis)}
     out.verdicts.sort(key=lambda v: order.get(v.api, (v.order, 0)))
     out.seconds = time.perf_counter() - t0

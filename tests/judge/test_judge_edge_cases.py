@@ -122,3 +122,59 @@ def test_a_zero_bias_with_noise_is_judged_at_the_scale_of_its_data(tmp_path, sum
         assert r.passed == (not differs), r.judgement.text()
         if differs:
             assert start[0].api == "Functional_layer_norm_0_forward" and "input 3" in start[0].detail
+
+
+class Residual(nn.Module):
+    """A pre-norm block with an RMSNorm that computes in float32 (Llama, T5, NeoX): ``downcast``
+    rounds the residual stream to the dtype of the branch, ``x.to(h.dtype) + h``; ``attention``
+    adds the casts HF attention makes on purpose (``softmax(..., dtype=float32).to(q.dtype)``
+    before a matmul, a rotary ``cos.to(q.dtype)``), which autocast's matmul lowers anyway."""
+
+    def __init__(self, downcast: bool, d: int = 16) -> None:
+        super().__init__()
+        self.downcast = downcast
+        self.q, self.v, self.out, self.head = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, 4)
+        self.cos = torch.cos(torch.arange(d, dtype=torch.float32) / d)
+
+    def forward(self, x):
+        q, v = self.q(x), self.v(x)
+        q = q * self.cos.to(q.dtype)
+        p = torch.softmax(q @ v.transpose(0, 1), dim=-1, dtype=torch.float32).to(q.dtype)
+        h = self.out(nn.functional.dropout(p, 0.0) @ v)
+        x = (x.to(h.dtype) if self.downcast else x) + h
+        n = x.to(torch.float32)
+        return self.head(n * torch.rsqrt(n.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+def _residual_step(downcast, autocast):
+    torch.manual_seed(0)
+    m, x = Residual(downcast), torch.randn(8, 16)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = m(x)
+        y.float().pow(2).mean().backward()
+    return step
+
+
+def test_a_downcast_of_the_residual_stream_under_autocast_is_the_root_cause(tmp_path):
+    """``x.to(h.dtype)`` is bf16 on the autocast device, a no-op on the float32 bench: right for
+    its inputs and its dtype follows the run, yet the RMSNorm then computes in float32 on bf16
+    values. The cast's forward is named and the step fails; the attention's casts, whose values
+    only autocast-lowered matmuls compute on, stay clean."""
+    from real_dumps import dump_step
+    from pytest_ptdbg import compare
+
+    bench = dump_step(tmp_path / "bench", _residual_step(True, False))
+    npu = dump_step(tmp_path / "npu", _residual_step(True, True))
+    r = compare(npu.input_param(bench), str(tmp_path / "out"))
+    assert not r.passed, r.judgement.text()
+    first = r.judgement.root_causes[0]
+    assert first.api == "Tensor_to_2_forward" and str(first.cause) == "changed argument", r.judgement.text()
+    assert "torch.bfloat16 vs torch.float32" in first.detail and "Tensor_to_3_forward" in first.detail
+    assert r.first_suspect.api == "Tensor_to_2_forward", r.advice.text()
+    # the same code without the residual downcast: only the attention's casts, clean
+    npu = dump_step(tmp_path / "clean", _residual_step(False, True))
+    bench = dump_step(tmp_path / "bench_clean", _residual_step(False, False))
+    r = compare(npu.input_param(bench), str(tmp_path / "out_clean"))
+    assert r.passed, r.judgement.text()
