@@ -213,6 +213,13 @@ def _skip(x: Any) -> bool:
     return isinstance(x, dict) and len(x) == 1 and next(iter(x)) in ("t", "dtype")
 
 
+def _follows(x: Any, y: Any, seen: Optional[Sequence[str]]) -> bool:
+    """A ``finfo`` number of the device's precision against the bench's (not a change)."""
+    from pytest_ptdbg.judge.arguments import follows_precision
+
+    return follows_precision(x, y, seen)
+
+
 def _dtypes_of(spec: Mapping[str, Any]) -> List[Tuple[str, str]]:
     """``(where, dtype name)`` of the dtype arguments of a call spec."""
     out = []
@@ -246,20 +253,23 @@ def lowered_precision(device_spec: Mapping[str, Any], bench_spec: Mapping[str, A
     return out
 
 
-def changed_arguments(device_spec: Mapping[str, Any], bench_spec: Mapping[str, Any]) -> List[str]:
+def changed_arguments(device_spec: Mapping[str, Any], bench_spec: Mapping[str, Any],
+                      seen: Optional[Sequence[str]] = None) -> List[str]:
     """Non-tensor arguments that differ between two call specs of one API: ``"eps: 1e-05 vs 0.001"``.
 
     Compared as recorded: the same position or keyword with other values, or a keyword given on
     one side only while both give the same number of positional arguments. Tensors, dtypes (they
     follow the data's dtype under autocast; a precision change is judged by the replay in the
-    call's compute dtype) and :data:`IGNORED_ARGUMENTS` are not compared. (The compare stage's normalised comparison, when
-    present as the table's ``_arg_changed`` rows, is preferred to this.)
+    call's compute dtype) and :data:`IGNORED_ARGUMENTS` are not compared, nor ``finfo`` numbers
+    of the device's precision (``seen``: the dtypes it computed in) against the bench's. (The
+    compare stage's normalised comparison, when present as the table's ``_arg_changed`` rows, is
+    preferred to this.)
     """
     out: List[str] = []
     a, b = device_spec.get("args") or [], bench_spec.get("args") or []
     for i in range(min(len(a), len(b))):
         x, y = a[i], b[i]
-        if _skip(x) or _skip(y):
+        if _skip(x) or _skip(y) or _follows(x, y, seen):
             continue
         if json.dumps(x, sort_keys=True) != json.dumps(y, sort_keys=True):
             out.append(f"argument {i}: {json.dumps(x)} vs {json.dumps(y)}")
@@ -268,7 +278,7 @@ def changed_arguments(device_spec: Mapping[str, Any], bench_spec: Mapping[str, A
         if k in IGNORED_ARGUMENTS:
             continue
         x, y = ka.get(k, None), kb.get(k, None)
-        if _skip(x) or _skip(y):
+        if _skip(x) or _skip(y) or _follows(x, y, seen):
             continue
         if (k in ka) != (k in kb):
             if len(a) != len(b) or (x is None and y is None):
@@ -640,9 +650,11 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     use, changed, lowered, from_bench = spec, [], [], False
     bspec = _call_spec(bench_fwd)
     if bspec is not None and bench_fwd.family == fwd.family and set(_tensor_refs(bspec)) <= set(call.arrays):
+        from pytest_ptdbg.judge.arguments import with_own_precision
+
         lowered = lowered_precision(spec, bspec, seen)
-        changed = changed_arguments(spec, bspec) + lowered
-        use, from_bench = bspec, True
+        changed = changed_arguments(spec, bspec, seen) + lowered
+        use, from_bench = with_own_precision(spec, bspec, seen), True
     extra = dict(bench_arguments=from_bench, changed_args=changed, lowered_precision=lowered)
     if special is not None and special.treatment == NJ.Treatment.DUPLICATES:
         dim = NJ.dim_arg(special, spec)

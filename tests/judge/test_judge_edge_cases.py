@@ -178,3 +178,49 @@ def test_a_downcast_of_the_residual_stream_under_autocast_is_the_root_cause(tmp_
     bench = dump_step(tmp_path / "bench_clean", _residual_step(False, False))
     r = compare(npu.input_param(bench), str(tmp_path / "out_clean"))
     assert r.passed, r.judgement.text()
+
+
+class T5FF(nn.Module):
+    """T5's feed-forward with its clamp: ``torch.where(isinf(h).any(), finfo(h.dtype).max - 1000,
+    finfo(h.dtype).max)``; the finfo numbers follow the run's precision (bf16 under autocast)."""
+
+    def __init__(self, d: int = 16, mask_dtype=None) -> None:
+        super().__init__()
+        self.wi, self.wo, self.head = nn.Linear(d, 32), nn.Linear(32, d), nn.Linear(d, 4)
+        self.mask_dtype = mask_dtype
+
+    def forward(self, x):
+        h = self.wo(torch.relu(self.wi(x)))
+        dt = self.mask_dtype or h.dtype
+        clamp = torch.where(torch.isinf(h).any(), torch.finfo(dt).max - 1000, torch.finfo(dt).max)
+        return self.head(x + torch.clamp(h, min=-clamp, max=clamp))
+
+
+def _t5_step(autocast, mask_dtype=None):
+    torch.manual_seed(0)
+    m, x = T5FF(mask_dtype=mask_dtype), torch.randn(8, 16)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = m(x)
+        y.float().pow(2).mean().backward()
+    return step
+
+
+def test_a_where_on_finfo_numbers_of_the_runs_precision_is_replayed_on_its_own_arguments(tmp_path):
+    """T5 under bf16 autocast: the device's where picks bf16's finfo.max, the bench's float32's.
+    Replayed from its own recorded inputs the where is exact, so the clean step passes; a finfo
+    number of a precision the device never computed in (float16's, in a float32 run) is still
+    the bench's argument, and its where is a root cause."""
+    from real_dumps import dump_step
+    from pytest_ptdbg import compare
+
+    bench = dump_step(tmp_path / "bench", _t5_step(False))
+    npu = dump_step(tmp_path / "npu", _t5_step(True))
+    r = compare(npu.input_param(bench), str(tmp_path / "out"))
+    where = r.judgement.replay.by_api()["Torch_where_0_forward"]
+    assert str(where.status) == "within budget" and where.bench_arguments and where.ratio == 0, r.judgement.text()
+    assert r.passed, r.judgement.text()
+    fp16 = dump_step(tmp_path / "fp16", _t5_step(False, mask_dtype=torch.float16))
+    r = compare(fp16.input_param(bench), str(tmp_path / "out16"))
+    assert not r.passed and r.judgement.root_causes[0].api == "Torch_where_0_forward", r.judgement.text()
