@@ -93,15 +93,33 @@ def _strides_of(v: Any, path: Tuple[int, ...], out: Dict[str, list]) -> None:
             _strides_of(x, path + (j,), out)
 
 
+_SEQ = (list, tuple)
+
+
 def layout_strides(args: tuple, kwargs: Mapping[str, Any]) -> Dict[str, list]:
     """``{"input.0": strides}`` of the tensor inputs laid out densely but not row-major."""
     out: Dict[str, list] = {}
-    for i, v in enumerate(args):
+    i = 0
+    for v in args:
+        tv = type(v)
+        # the common case first: a plain row-major tensor, or no tensor at all
+        if not ((tv in _SEQ) or (isinstance(v, _Tensor) and not _contiguous(v))):
+            i += 1
+            continue
         _strides_of(v, (i,), out)
-    n = len(args)
-    for j, v in enumerate(kwargs.values()):
-        _strides_of(v, (n + j,), out)
+        i += 1
+    if kwargs:
+        for v in kwargs.values():
+            _strides_of(v, (i,), out)
+            i += 1
     return out
+
+
+def _contiguous(t: Any) -> bool:
+    try:
+        return t.is_contiguous()
+    except (RuntimeError, NotImplementedError):
+        return True
 
 
 def encode_call(args: tuple, kwargs: Mapping[str, Any]) -> Dict[str, Any]:
