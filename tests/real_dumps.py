@@ -78,6 +78,20 @@ def dump_one_step(path: Any, model: str = "mlp", *, seed: int = 0, summary_only:
     return step_paths(path)
 
 
+def dump_step(path: Any, step: Callable[[], Any]) -> StepDump:
+    """Dump ``step()`` (a user-written forward and backward of any model) in full, as
+    :func:`dump_one_step` dumps an ``example_models`` step; the debugger is closed at the end."""
+    dbg = PrecisionDebugger(dump_path=str(path), hook_name="dump", step=[0])
+    dbg.configure_hook(mode="api_stack")
+    dbg.start()
+    try:
+        step()
+    finally:
+        dbg.stop()
+    dbg.close()
+    return step_paths(path)
+
+
 @contextlib.contextmanager
 def patched(owner: Any, name: str, value: Any):
     """``owner.name = value`` for the block (a faulty kernel the capture sees as the original)."""

@@ -8,7 +8,8 @@
 2. then the advisor's other suspects, labelled: a call the table called "own" that the replay
    finds within its own-error budget is an *amplifier* (it grows a difference it received, e.g.
    AdamW's first step g/|g|, an ill-conditioned op) or *inherited*; calls not judged keep their
-   table-based label.
+   table-based label, except uninitialised memory (``empty*``), which is no suspect at all: its
+   values are whatever memory held, or whatever the user wrote into it later.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pandas as pd
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.advisor import MIN_GROWTH, Advice, Kind, Role, Suspect
 from pytest_ptdbg.format.text import TextEnum, fmt_error
+from pytest_ptdbg.judge import not_judged as NJ
 from pytest_ptdbg.judge.step import Cause, RootCause, StepJudgement
 
 __all__ = ["FaultCategory", "fault_category", "advice_for_cause", "apply_judgement"]
@@ -126,6 +128,12 @@ def _new_suspect(rc: RootCause, table: pd.DataFrame) -> Suspect:
                    side=rc.side if _kind(rc) == Kind.UNPAIRED else "")
 
 
+def _uninitialised(family: str) -> bool:
+    """``empty*`` calls: never judged by value, so never a suspect by their values."""
+    sp = NJ.special_of(family or "")
+    return sp is not None and sp.treatment == NJ.Treatment.UNINITIALISED
+
+
 def apply_judgement(advice: Advice, judgement: Optional[StepJudgement], table: pd.DataFrame) -> Advice:
     """Re-rank ``advice`` (in place) by ``judgement`` (see the module docstring); returns it."""
     advice.judgement = judgement
@@ -157,7 +165,7 @@ def apply_judgement(advice: Advice, judgement: Optional[StepJudgement], table: p
     verdicts = judgement.replay.by_api() if judgement.replay is not None else {}
     rest = []
     for s in old:
-        if s.api in seen:
+        if s.api in seen or _uninitialised(s.family):
             continue
         v = verdicts.get(s.api)
         if v is not None and str(v.status) == "within budget" and s.kind in (Kind.OWN, Kind.NONFINITE):

@@ -399,6 +399,11 @@ def _has_tensor(v: Any) -> bool:
     return isinstance(v, tuple) and any(_has_tensor(x) for x in v)
 
 
+def _only_tensors(v: Any) -> bool:
+    """A (nested) list whose every leaf is a tensor: no number of it to compare."""
+    return all(isinstance(x, _Tensor) for _, x in _leaves(v))
+
+
 @dataclass
 class ArgLeaf:
     """One scalar leaf of one non-tensor parameter of a paired call (one table row)."""
@@ -470,10 +475,10 @@ def _compare(npu_api: Any, bench_api: Any, sn: dict, sb: dict, npu_kw_named: boo
         av, bv = a.value, b.value
         if _has_tensor(av) or _has_tensor(bv):
             if not (isinstance(av, _Tensor) or isinstance(bv, _Tensor)) and isinstance(av, tuple) \
-                    and isinstance(bv, tuple):
+                    and isinstance(bv, tuple) and not (_only_tensors(av) and _only_tensors(bv)):
                 pass  # a list mixing tensors and numbers: its numbers are compared below
             else:
-                continue  # a tensor argument: its tensor rows compare it
+                continue  # tensors (torch.cat's list, an LSTM's weights): their tensor rows compare them
         ignored = name in IGNORED or av is _IGNORED_VALUE or bv is _IGNORED_VALUE
         if ignored:
             status, msg = "ignored", f"{name}: not compared (does not change the result)"

@@ -14,6 +14,10 @@ data, not a literal (``torch.tensor(list_of_2M_floats)``): the spec says ``{"lis
 tensor record of that key (float64, int64 or bool; shape, statistics, ``.npy`` when tensors are
 saved; see :func:`number_sequence`). A nest mixing lists and tuples, or ints and floats, is still
 recorded as data but its spec is a ``repr`` (not replayable: the judge could not rebuild it exactly).
+
+A tensor input whose memory is dense but not row-major (``channels_last``, a transposed copy)
+adds its strides under the optional ``"strides"`` key (``{"input.0": [3072, 1, 192, 12]}``), so a
+replay hands the kernel the layout it saw; readers that do not know the key ignore it.
 """
 from __future__ import annotations
 
@@ -25,8 +29,8 @@ from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 import torch
 
 
-__all__ = ["SEQ_DATA_MIN", "NumberSequence", "encode_call", "encode_call_json", "encode_value",
-           "number_sequence", "sequence_tensor"]
+__all__ = ["SEQ_DATA_MIN", "NumberSequence", "dense_strides", "encode_call", "encode_call_json",
+           "encode_value", "number_sequence", "sequence_tensor"]
 
 
 def _idx(path: Tuple[int, ...]) -> str:
@@ -148,18 +152,82 @@ def encode_value(v: Any, path: Tuple[int, ...]) -> Any:
     return {"repr": repr(v)[:200]}
 
 
+def dense_strides(shape: Any, strides: Any) -> bool:
+    """Whether ``strides`` lay out a tensor of ``shape`` densely without overlap (a permutation of
+    a row-major layout; dimensions of size 1 take any stride): memory ``empty_strided`` can fill."""
+    if len(shape) != len(strides):
+        return False
+    dims = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: -strides[d])
+    expected = 1
+    for d in reversed(dims):
+        if shape[d] == 0:
+            return True
+        if strides[d] != expected:
+            return False
+        expected *= shape[d]
+    return True
+
+
+def _strides_of(v: Any, path: Tuple[int, ...], out: Dict[str, list]) -> None:
+    if isinstance(v, _Tensor):
+        try:
+            if v.layout is _STRIDED and not v.is_contiguous():
+                st = list(v.stride())
+                if dense_strides(v.shape, st):
+                    out[_idx(path)] = st
+        except (RuntimeError, NotImplementedError):  # nested, sparse-like subclasses: row-major
+            pass
+    elif type(v) is list or type(v) is tuple:
+        for j, x in enumerate(v):
+            _strides_of(x, path + (j,), out)
+
+
+_SEQ = (list, tuple)
+
+
+def layout_strides(args: tuple, kwargs: Mapping[str, Any]) -> Dict[str, list]:
+    """``{"input.0": strides}`` of the tensor inputs laid out densely but not row-major."""
+    out: Dict[str, list] = {}
+    i = 0
+    for v in args:
+        tv = type(v)
+        # the common case first: a plain row-major tensor, or no tensor at all
+        if not ((tv in _SEQ) or (isinstance(v, _Tensor) and not _contiguous(v))):
+            i += 1
+            continue
+        _strides_of(v, (i,), out)
+        i += 1
+    if kwargs:
+        for v in kwargs.values():
+            _strides_of(v, (i,), out)
+            i += 1
+    return out
+
+
+def _contiguous(t: Any) -> bool:
+    try:
+        return t.is_contiguous()
+    except (RuntimeError, NotImplementedError):
+        return True
+
+
 def encode_call(args: tuple, kwargs: Mapping[str, Any]) -> Dict[str, Any]:
     """The call spec of ``func(*args, **kwargs)``: inputs are indexed args first, then kwargs."""
     n = len(args)
-    return {
+    spec = {
         "args": [encode_value(a, (i,)) for i, a in enumerate(args)],
         "kwargs": {k: encode_value(v, (n + j,)) for j, (k, v) in enumerate(kwargs.items())},
     }
+    st = layout_strides(args, kwargs)
+    if st:
+        spec["strides"] = st
+    return spec
 
 
 #: ``json.dumps(obj, separators=(", ", ": "))`` without building an encoder per call
 _ENCODE = json.JSONEncoder(separators=(", ", ": ")).encode
 _Tensor = torch.Tensor
+_STRIDED = torch.strided
 _float_repr = float.__repr__
 _int_repr = int.__repr__
 
@@ -203,5 +271,8 @@ def encode_call_json(args: tuple, kwargs: Mapping[str, Any]) -> str:
         kw = ", ".join([_json_str(k) + ": " + _value_json(v, (n + j,)) for j, (k, v) in enumerate(kwargs.items())])
     else:
         kw = ""
+    st = layout_strides(args, kwargs)
+    if st:
+        return '{"args": [' + a + '], "kwargs": {' + kw + '}, "strides": ' + _ENCODE(st) + "}"
     return '{"args": [' + a + '], "kwargs": {' + kw + "}}"
 

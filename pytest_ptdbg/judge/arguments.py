@@ -21,7 +21,7 @@ import torch
 from pytest_ptdbg.judge import allowlist
 from pytest_ptdbg.errors import NotReplayable, ReplayRefused
 
-__all__ = ["decode_call", "check_call", "family_of"]
+__all__ = ["decode_call", "check_call", "family_of", "follows_precision", "with_own_precision"]
 
 #: nesting deeper than this is refused (a crafted spec must not exhaust the stack)
 MAX_DEPTH = 16
@@ -200,3 +200,55 @@ def check_call(spec: Any, api: str) -> None:
     p = records.parse_name(api)
     allowlist.entry(p.api_type, p.api_name, api)
     decode_call(spec, _AnyTensor(), api)
+
+
+@functools.lru_cache(maxsize=1)
+def _finfo_numbers() -> dict:
+    """|characteristic number| -> the dtype names it belongs to."""
+    vals: dict = {}
+    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        fi = torch.finfo(dt)
+        for v in (fi.max, fi.eps, fi.tiny, fi.smallest_normal):
+            vals.setdefault(float(v), set()).add(str(dt))
+    return vals
+
+
+def follows_precision(a: Any, b: Any, seen: Any = None) -> bool:
+    """Two recorded numbers that are the same characteristic number (``finfo(dtype).max``, ``.min``,
+    ``.eps``, ``.tiny``) of two floating dtypes: ``torch.finfo(x.dtype).max`` follows the run's
+    precision (bf16 under autocast, float32 on the bench), it is not another argument. With
+    ``seen`` (the floating dtypes the device computed in before), ``a``'s dtype must be among them
+    or float32/float64 (an fp16 ``finfo.min`` mask in a float32 run is a change, not a following)."""
+    if type(a) is not float or type(b) is not float or a == b or (a > 0) != (b > 0):
+        return False
+    f = _finfo_numbers()
+    da, db = f.get(abs(a)), f.get(abs(b))
+    if not da or not db:
+        return False
+    if seen is None:
+        return True
+    return bool(da & (set(seen) | {"torch.float32", "torch.float64"}))
+
+
+def with_own_precision(device_spec: Any, bench_spec: Any, seen: Any = ()) -> Any:
+    """``bench_spec`` with every number that :func:`follows_precision` of the device's number at
+    the same place (in a precision among ``seen``) replaced by the device's: a replay from the
+    device's inputs takes the bench's arguments, except those that only follow the precision the
+    device ran in (T5's ``torch.where(..., finfo(dtype).max - 1000, finfo(dtype).max)``)."""
+    def merge(d: Any, b: Any) -> Any:
+        if follows_precision(d, b, seen):
+            return d
+        if isinstance(d, list) and isinstance(b, list) and len(d) == len(b):
+            return [merge(x, y) for x, y in zip(d, b)]
+        if isinstance(d, dict) and isinstance(b, dict) and set(d) == set(b) and len(b) == 1 and "tuple" in b:
+            return {"tuple": merge(d["tuple"], b["tuple"])}
+        return b
+
+    if not isinstance(device_spec, Mapping) or not isinstance(bench_spec, Mapping):
+        return bench_spec
+    out = dict(bench_spec)
+    out["args"] = merge(device_spec.get("args"), bench_spec.get("args"))
+    dk, bk = device_spec.get("kwargs") or {}, bench_spec.get("kwargs") or {}
+    if isinstance(dk, Mapping) and isinstance(bk, Mapping):
+        out["kwargs"] = {k: merge(dk[k], v) if k in dk else v for k, v in bk.items()}
+    return out

@@ -7,8 +7,10 @@ For one output tensor of one call, replayed from the device's recorded inputs:
 * own error = ‖device − oracle‖₂; reference error = ‖reference − oracle‖₂ (over the elements
   finite in all three).
 * budget = max(FACTOR × reference error, floor), floor = FLOOR_UNITS × u × max(‖oracle‖₂,
-  s_in × √n) (none when the reference reproduces the oracle exactly: the result is representable
-  and a correct kernel gives it exactly), where u is the unit roundoff of the compute dtype and
+  s_in × √n) (none when the reference reproduces the oracle exactly and the result only selects
+  values of its inputs, ``rounds`` False: getitem, cat, relu, an exact cast give it exactly; a
+  sum whose reference happens to be exact, such as a bias gradient of bf16-valued gradients, is
+  still rounded by a kernel that adds in another order, ``rounds`` True), where u is the unit roundoff of the compute dtype and
   s_in the smallest RMS among the call's floating inputs (a correct kernel's result is never more exact than one rounding at the
   scale of what it was computed from: a mathematically-zero bias gradient of ~1e-11 is judged
   against its inputs' scale, not by its relative error; ``finfo.min`` mask values are not data).
@@ -24,12 +26,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
 __all__ = ["FACTOR", "FLOOR_UNITS", "unit_roundoff", "OutputCheck", "check_output", "finite_norms", "judged",
-           "input_rms_decided", "rms_bound", "check_exact",
+           "input_rms_decided", "rms_bound", "check_exact", "selects_inputs",
            "check_indices", "check_dropout", "has_duplicates", "rms"]
 
 #: a correct kernel's error is at most this many times the reference kernel's (< the benchmark's 4)
@@ -125,11 +127,15 @@ def _nonfinite_pattern(a: np.ndarray) -> np.ndarray:
 
 
 def check_output(key: str, device: np.ndarray, oracle: np.ndarray, reference: np.ndarray, dtype: str,
-                 input_rms: float = 0.0, factor: float = FACTOR, floor_units: float = FLOOR_UNITS) -> OutputCheck:
-    """Judge one floating output (see the module docstring). Arrays of one shape, any float dtype."""
+                 input_rms: float = 0.0, factor: float = FACTOR, floor_units: float = FLOOR_UNITS,
+                 rounds: Union[bool, Callable[[], bool]] = False) -> OutputCheck:
+    """Judge one floating output (see the module docstring). Arrays of one shape, any float dtype.
+    ``rounds`` (see :func:`judged`) may be a function, asked only when the device differs from a
+    reference that reproduces the oracle exactly (the only case where it changes the verdict)."""
     fast = finite_norms(device, oracle, reference)
     if fast is not None:
-        return judged(key, *fast, dtype, input_rms, factor, floor_units)
+        own, ref = fast[0], fast[1]
+        return judged(key, *fast, dtype, input_rms, factor, floor_units, rounds=_ask(rounds, own, ref))
     d = np.asarray(device, dtype=np.float64)
     o = np.asarray(oracle, dtype=np.float64)
     r = np.asarray(reference, dtype=np.float64)
@@ -147,27 +153,37 @@ def check_output(key: str, device: np.ndarray, oracle: np.ndarray, reference: np
     own = float(np.linalg.norm((d - o).ravel()))
     ref = float(np.linalg.norm((r - o).ravel()))
     scale = float(np.linalg.norm(o.ravel()))
-    return judged(key, own, ref, scale, d.size, dtype, input_rms, factor, floor_units, origin)
+    return judged(key, own, ref, scale, d.size, dtype, input_rms, factor, floor_units, origin,
+                  _ask(rounds, own, ref))
+
+
+def _ask(rounds: Union[bool, Callable[[], bool]], own: float, ref: float) -> bool:
+    if not callable(rounds):
+        return bool(rounds)
+    return ref == 0 and own > 0 and bool(rounds())
 
 
 def judged(key: str, own: float, ref: float, scale: float, n: int, dtype: str, input_rms: float = 0.0,
-           factor: float = FACTOR, floor_units: float = FLOOR_UNITS, origin: bool = False) -> OutputCheck:
-    """The check of one output from its norms (``n``: the elements they were taken over)."""
+           factor: float = FACTOR, floor_units: float = FLOOR_UNITS, origin: bool = False,
+           rounds: bool = False) -> OutputCheck:
+    """The check of one output from its norms (``n``: the elements they were taken over).
+    ``rounds``: the result is computed, not selected from the inputs (see the module docstring):
+    the floor holds even when the reference reproduces the oracle exactly."""
     u = unit_roundoff(dtype)
-    # a reference that reproduces the oracle exactly (getitem, cat, relu, an exact cast) means the
-    # result is representable: a correct kernel gives it exactly, so there is no floor
-    floor = floor_units * u * max(scale, input_rms * math.sqrt(max(n, 1))) if ref > 0 else 0.0
+    # a reference that reproduces the oracle exactly (getitem, cat, relu, an exact cast) of a
+    # result selected from its inputs: a correct kernel gives it exactly, so there is no floor
+    floor = floor_units * u * max(scale, input_rms * math.sqrt(max(n, 1))) if (ref > 0 or rounds) else 0.0
     budget = max(factor * ref, floor)
     return OutputCheck(key, math.inf if origin else own, ref, budget, scale, origin,
                        "NaN/Inf where the reference replay has none" if origin else "")
 
 
 def input_rms_decided(bound: Optional[float], ref: float, scale: float, n: int, dtype: str,
-                      factor: float = FACTOR, floor_units: float = FLOOR_UNITS) -> bool:
+                      factor: float = FACTOR, floor_units: float = FLOOR_UNITS, rounds: bool = False) -> bool:
     """Whether any input RMS at most ``bound`` gives the budget :func:`judged` gives with
     ``bound`` itself: no floor (``ref`` 0), the oracle's norm above ``bound`` x sqrt(n), or a floor
     at ``bound`` still within ``factor`` x ``ref`` (the floor only grows with the RMS)."""
-    if ref <= 0:
+    if ref <= 0 and not rounds:
         return True
     if bound is None:
         return False
@@ -183,6 +199,19 @@ def rms_bound(own: float, scale: float, n: int) -> Optional[float]:
     if n <= 0 or not own < scale or not own + scale < 1e29:
         return None
     return (own + scale) / math.sqrt(n) * (1.0 + 1e-6 + n * 1e-15)
+
+
+def selects_inputs(result: np.ndarray, inputs: Sequence[np.ndarray], numbers: Sequence[float] = ()) -> bool:
+    """Whether every finite value of ``result`` is 0, one of ``numbers`` (the call's scalar
+    arguments) or a value of one of ``inputs``: a result a kernel selects (getitem, cat, relu,
+    masked_fill, where), not one it computes and rounds."""
+    r = np.asarray(result, dtype=np.float64).ravel()
+    r = r[np.isfinite(r)]
+    if not r.size:
+        return True
+    pool = [np.asarray(a, dtype=np.float64).ravel() for a in inputs if np.asarray(a).dtype.kind in "fiub"]
+    pool.append(np.asarray([0.0] + [float(x) for x in numbers], dtype=np.float64))
+    return bool(np.isin(r, np.concatenate(pool)).all())
 
 
 def finite_norms(device: np.ndarray, oracle: np.ndarray, reference: np.ndarray):

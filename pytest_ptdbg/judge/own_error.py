@@ -239,6 +239,13 @@ def _skip(x: Any) -> bool:
     return isinstance(x, dict) and len(x) == 1 and next(iter(x)) in ("t", "dtype")
 
 
+def _follows(x: Any, y: Any, seen: Optional[Sequence[str]]) -> bool:
+    """A ``finfo`` number of the device's precision against the bench's (not a change)."""
+    from pytest_ptdbg.judge.arguments import follows_precision
+
+    return follows_precision(x, y, seen)
+
+
 def _dtypes_of(spec: Mapping[str, Any]) -> List[Tuple[str, str]]:
     """``(where, dtype name)`` of the dtype arguments of a call spec."""
     out = []
@@ -272,20 +279,23 @@ def lowered_precision(device_spec: Mapping[str, Any], bench_spec: Mapping[str, A
     return out
 
 
-def changed_arguments(device_spec: Mapping[str, Any], bench_spec: Mapping[str, Any]) -> List[str]:
+def changed_arguments(device_spec: Mapping[str, Any], bench_spec: Mapping[str, Any],
+                      seen: Optional[Sequence[str]] = None) -> List[str]:
     """Non-tensor arguments that differ between two call specs of one API: ``"eps: 1e-05 vs 0.001"``.
 
     Compared as recorded: the same position or keyword with other values, or a keyword given on
     one side only while both give the same number of positional arguments. Tensors, dtypes (they
     follow the data's dtype under autocast; a precision change is judged by the replay in the
-    call's compute dtype) and :data:`IGNORED_ARGUMENTS` are not compared. (The compare stage's normalised comparison, when
-    present as the table's ``_arg_changed`` rows, is preferred to this.)
+    call's compute dtype) and :data:`IGNORED_ARGUMENTS` are not compared, nor ``finfo`` numbers
+    of the device's precision (``seen``: the dtypes it computed in) against the bench's. (The
+    compare stage's normalised comparison, when present as the table's ``_arg_changed`` rows, is
+    preferred to this.)
     """
     out: List[str] = []
     a, b = device_spec.get("args") or [], bench_spec.get("args") or []
     for i in range(min(len(a), len(b))):
         x, y = a[i], b[i]
-        if _skip(x) or _skip(y):
+        if _skip(x) or _skip(y) or _follows(x, y, seen):
             continue
         if json.dumps(x, sort_keys=True) != json.dumps(y, sort_keys=True):
             out.append(f"argument {i}: {json.dumps(x)} vs {json.dumps(y)}")
@@ -294,7 +304,7 @@ def changed_arguments(device_spec: Mapping[str, Any], bench_spec: Mapping[str, A
         if k in IGNORED_ARGUMENTS:
             continue
         x, y = ka.get(k, None), kb.get(k, None)
-        if _skip(x) or _skip(y):
+        if _skip(x) or _skip(y) or _follows(x, y, seen):
             continue
         if (k in ka) != (k in kb):
             if len(a) != len(b) or (x is None and y is None):
@@ -321,6 +331,8 @@ class _Call:
         self.dtypes: Dict[str, str] = {}
         self.missing: List[str] = []
         self.requires_grad: set = set()
+        #: input key -> the strides the device's kernel saw it with (dense, not row-major)
+        self.strides: Dict[str, Tuple[int, ...]] = {}
         for rec, prefix in ((fwd, ""), (bwd, "backward_")):
             if rec is None:
                 continue
@@ -403,6 +415,9 @@ def _run_once(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracl
     def tensor(key: str) -> Any:
         t = _fresh(call.arrays[key], _torch_dtype(call.dtypes.get(key, "")),
                    oracle)  # own memory: in-place calls change only it
+        st = call.strides.get(key)
+        if st is not None and tuple(t.shape) and len(st) == t.dim():
+            t = torch.empty_strided(t.shape, st, dtype=t.dtype).copy_(t)  # the layout it was called with
         if t.is_floating_point():
             if backward and key in call.requires_grad:
                 t.requires_grad_(True)
@@ -437,7 +452,11 @@ def _run_once(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracl
             g = _fresh(call.arrays[gkey], _torch_dtype(call.dtypes.get(gkey, "")), False)
             if tuple(g.shape) != tuple(o.shape):
                 raise ReplayError(f"{api}: gradient {gkey} has shape {list(g.shape)}, the output {list(o.shape)}")
-            pairs.append((o, g.to(o.dtype)))
+            g = g.to(o.dtype)
+            if call.strides and not o.is_contiguous():
+                # inputs laid out as recorded (channels_last): their gradients flow in that layout too
+                g = torch.empty_like(o).copy_(g)
+            pairs.append((o, g))
         if not pairs:
             return result
         keys = list(leaves)
@@ -690,14 +709,17 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     needed = _tensor_refs(spec)
     if any(k not in call.arrays for k in needed) or not call.keys("output."):
         return [_verdict(r, Status.NOT_JUDGED, "statistics only (no saved tensors)") for r in recs]
+    call.strides = _recorded_strides(spec, call, fwd.key)
 
     # the bench's arguments, when the pairing matched this call to the same API with the same tensors
     use, changed, lowered, from_bench = spec, [], [], False
     bspec = _call_spec(bench_fwd)
     if bspec is not None and bench_fwd.family == fwd.family and set(_tensor_refs(bspec)) <= set(call.arrays):
+        from pytest_ptdbg.judge.arguments import with_own_precision
+
         lowered = lowered_precision(spec, bspec, seen)
-        changed = changed_arguments(spec, bspec) + lowered
-        use, from_bench = bspec, True
+        changed = changed_arguments(spec, bspec, seen) + lowered
+        use, from_bench = with_own_precision(spec, bspec, seen), True
     extra = dict(bench_arguments=from_bench, changed_args=changed, lowered_precision=lowered)
     if special is not None and special.treatment == NJ.Treatment.DUPLICATES:
         dim = NJ.dim_arg(special, spec)
@@ -739,14 +761,18 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
                 dt = compute or call.dtypes.get(k, "torch.float32")
                 norms = B.finite_norms(d, o, r)
                 if norms is None:  # NaN/Inf somewhere: the element-wise check, with the exact input RMS
-                    res.append(B.check_output(k, d, o, r, dt, _input_rms(call, rms_from), factor))
+                    res.append(B.check_output(k, d, o, r, dt, _input_rms(call, rms_from), factor,
+                                              rounds=lambda: _rounds(call, o, r, d, rms_from, use)))
                     continue
                 own, rerr, scale, n = norms
+                # an exact reference is no licence for a budget of 0 unless the result is selected
+                rounds = rerr == 0 and own > 0 and _rounds(call, o, r, d, rms_from, use)
 
                 def decided(bound: Optional[float]) -> bool:
-                    return B.input_rms_decided(bound, rerr, scale, n, dt, factor)
+                    return B.input_rms_decided(bound, rerr, scale, n, dt, factor, rounds=rounds)
 
-                res.append(B.judged(k, own, rerr, scale, n, dt, _input_rms(call, rms_from, decided), factor))
+                res.append(B.judged(k, own, rerr, scale, n, dt, _input_rms(call, rms_from, decided), factor,
+                                    rounds=rounds))
                 call.store.bound(call.ids.get(k), B.rms_bound(own, scale, n))
             elif special is not None and special.treatment == NJ.Treatment.TIES and "input.0" in call.arrays:
                 res.append(B.check_indices(k, d, o, call.arrays["input.0"], dim))
@@ -764,6 +790,55 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     if bwd is not None:
         if not backward:
             out.append(_verdict(bwd, Status.NOT_JUDGED, "no recorded incoming or produced gradient", **extra))
+    return out
+
+
+def _numbers(v: Any, out: List[float]) -> List[float]:
+    if type(v) in (int, float):
+        out.append(float(v))
+    elif isinstance(v, list):
+        for x in v:
+            _numbers(x, out)
+    elif isinstance(v, dict) and len(v) == 1 and next(iter(v)) in ("tuple", "float"):
+        x = next(iter(v.values()))
+        _numbers(x if not isinstance(x, str) else float(x), out)
+    return out
+
+
+def _rounds(call: _Call, oracle: np.ndarray, reference: np.ndarray, device: np.ndarray,
+            prefixes: Sequence[str], spec: Mapping[str, Any]) -> bool:
+    """Whether an output whose reference may reproduce its oracle exactly is still a value a
+    kernel rounds (a sum, a product): not every value selected from the call's inputs and scalar
+    arguments (:func:`budget.selects_inputs`). Asked only when the device differs from an exact
+    reference, so an exact call passes over its data once more only when it is wrong."""
+    if not np.array_equal(np.asarray(oracle, dtype=np.float64), np.asarray(reference, dtype=np.float64),
+                          equal_nan=True):
+        return True
+    ins = [a for k, a in call.arrays.items() if k.startswith(tuple(prefixes))]
+    nums = _numbers(list(spec.get("args") or []) + list((spec.get("kwargs") or {}).values()), [])
+    return not B.selects_inputs(oracle, ins, nums)
+
+
+def _recorded_strides(spec: Mapping[str, Any], call: _Call, api: str) -> Dict[str, Tuple[int, ...]]:
+    """The device's recorded layouts of its inputs (the call spec's optional ``"strides"``), each
+    checked to be dense and of its array's rank (a crafted layout is refused, not replayed)."""
+    from pytest_ptdbg.dump.call_spec import dense_strides
+
+    raw = spec.get("strides")
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ReplayRefused(api, "'strides' of the call spec is not an object", "strides")
+    out: Dict[str, Tuple[int, ...]] = {}
+    for k, st in raw.items():
+        arr = call.arrays.get(k) if isinstance(k, str) else None
+        if arr is None:
+            continue  # no such input: nothing to lay out
+        ok = (isinstance(st, list) and all(type(i) is int and 0 <= i < 2 ** 62 for i in st)
+              and dense_strides(arr.shape, st))
+        if not ok:
+            raise ReplayRefused(api, f"strides {str(st)[:60]} are not a dense layout of {k!s:.40}", "strides")
+        out[k] = tuple(st)
     return out
 
 
@@ -886,6 +961,14 @@ def _judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump
             if fkey not in index:
                 seen.add(a.key)
                 out.verdicts.append(_verdict(a, Status.NOT_JUDGED, "its forward call was not recorded"))
+    if bench:  # a downcast the bench does not make, computed on in a higher precision later
+        from pytest_ptdbg.judge.downcast import downcasts
+
+        lowered = downcasts(d, bench, pairs, dev, store)
+        for v in out.verdicts:
+            if v.api in lowered:
+                v.changed_args = list(v.changed_args) + [lowered[v.api]]
+                v.lowered_precision = list(v.lowered_precision) + [lowered[v.api]]
     order = {a.key: (a.order, i) for i, a in enumerate(d.apis)}
     out.verdicts.sort(key=lambda v: order.get(v.api, (v.order, 0)))
     out.seconds = time.perf_counter() - t0

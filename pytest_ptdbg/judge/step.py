@@ -334,6 +334,7 @@ def _inputs_differ(table: pd.DataFrame) -> Optional[tuple]:
     with np.errstate(invalid="ignore", divide="ignore"):
         by_stats = np.where(rng > 0, diffs / rng, np.where(diffs > 0, 1.0, 0.0))
     err = np.where(np.isnan(rel), by_stats, rel)
+    err = _zero_tensors_at_data_scale(table, err, rel, rng, diffs)
     paired = np.array([_bool(x) for x in _col(table, "_paired", True)], dtype=bool)
     io = _col(table, "_io", "").astype(str)
     family = _col(table, "_family", "").astype(str)
@@ -355,6 +356,57 @@ def _inputs_differ(table: pd.DataFrame) -> Optional[tuple]:
         if e > INPUTS_AGREE:
             return None
     return None
+
+
+#: the scale a zero tensor's difference is judged at when its call has no other data (RMS 1)
+ZERO_FLOOR = 1.0
+
+
+def _numel(shape: Any) -> float:
+    try:
+        return float(np.prod([int(x) for x in shape])) if isinstance(shape, (list, tuple)) else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _zero_tensors_at_data_scale(table: pd.DataFrame, err: np.ndarray, rel: np.ndarray, rng: np.ndarray,
+                                diffs: np.ndarray) -> np.ndarray:
+    """``err`` with the rows of tensors that are zero on a side (a zero-initialised bias) judged
+    at the scale of their call's data instead of relative to zero: the difference over the
+    largest RMS (full tensors; range, statistics only) among the call's other floating tensor
+    inputs, or over :data:`ZERO_FLOOR` when it has none. Other rows are unchanged."""
+    n = len(table)
+    b_l2, n_l2 = np.abs(_num(table, "Bench l2norm")), np.abs(_num(table, "NPU l2norm"))
+    n_rng = np.fmax(np.abs(_num(table, "NPU max")), np.abs(_num(table, "NPU min")))
+    zero = ((b_l2 == 0) | (n_l2 == 0) | (rng == 0) | (n_rng == 0)) & (err > 0)
+    if not zero.any():
+        return err
+    apis = _col(table, "_api", "").astype(str)
+    io = _col(table, "_io", "").astype(str)
+    arg = _col(table, "_arg", "").astype(str)
+    dts = _col(table, "Bench Tensor Dtype", "").astype(str)
+    numel = np.array([_numel(x) for x in _col(table, "Bench Tensor Shape", None)])
+    data = (io == "input") & np.isin(arg, ("", "nan")) & np.array(["float" in d for d in dts]) & (numel > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rms = np.where(data, b_l2 / np.sqrt(numel), np.nan)
+    scale_rms: Dict[str, float] = {}
+    scale_rng: Dict[str, float] = {}
+    for i in range(n):
+        if data[i]:
+            if np.isfinite(rms[i]) and rms[i] > 0:
+                scale_rms[apis[i]] = max(scale_rms.get(apis[i], 0.0), float(rms[i]))
+            if np.isfinite(rng[i]) and rng[i] > 0:
+                scale_rng[apis[i]] = max(scale_rng.get(apis[i], 0.0), float(rng[i]))
+    out = err.copy()
+    for i in np.flatnonzero(zero):
+        if not np.isnan(rel[i]) and np.isfinite(numel[i]) and numel[i] > 0:
+            diff_l2 = float(rel[i]) * float(b_l2[i]) if np.isfinite(rel[i]) and b_l2[i] > 0 else float(n_l2[i])
+            floor = scale_rms.get(apis[i], ZERO_FLOOR) * math.sqrt(numel[i])
+            out[i] = diff_l2 / max(float(b_l2[i]) if np.isfinite(b_l2[i]) else 0.0, floor)
+        elif np.isnan(rel[i]) and np.isfinite(diffs[i]):
+            out[i] = float(diffs[i]) / max(float(rng[i]) if np.isfinite(rng[i]) else 0.0,
+                                           scale_rng.get(apis[i], ZERO_FLOOR))
+    return out
 
 
 def _stats_pass_through(table: pd.DataFrame) -> set:
