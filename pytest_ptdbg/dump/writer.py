@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from pytest_ptdbg.capture.isolation import isolated
 from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors, report_internal_error
 from pytest_ptdbg.dump.call_spec import encode_call_json
 from pytest_ptdbg.dump.select import Selector, filtered_out
@@ -997,15 +998,18 @@ class DumpSink(Sink):
             return
         cache = self.cache
         try:
-            mx, mn, mean, l2, nan, inf, ok = batch_stat_columns([h[0] for h in snaps])
-        except Exception as e:  # noqa: BLE001 - one by one instead (tensor_stats never raises)
-            report_internal_error("batch statistics", e)
-            for h in snaps:
-                st = tensor_stats(h[0])
-                h[6] = _body(st)
-                h[0] = None
-                if h[3] is not None:
-                    cache.put(h[3], h[4], h[5], st)
+            with isolated():  # outside the user's autocast and modes (a flush may run inside them)
+                mx, mn, mean, l2, nan, inf, ok = batch_stat_columns([h[0] for h in snaps])
+        except Exception as e:  # noqa: BLE001 - one by one instead: the same numbers, nothing lost
+            report_internal_error("batch statistics", e, None,
+                                  "these records are measured one by one instead, none is missing")
+            with isolated():
+                for h in snaps:
+                    st = _one_stats(h[0], h[1], h[2])
+                    h[6] = _body(st)
+                    h[0] = None
+                    if h[3] is not None:
+                        cache.put(h[3], h[4], h[5], st)
             return
         for j, h in enumerate(snaps):
             h[0] = None  # the snapshot's memory goes
@@ -1056,6 +1060,16 @@ class DumpSink(Sink):
         self._write_pending()
         self.writer.close()
         self._bw_started.clear()
+
+
+def _one_stats(t: torch.Tensor, dname: str, shape: Tuple[int, ...]) -> TensorStats:
+    """A snapshot's statistics alone, computed as the batch computes them (the same numbers);
+    ``tensor_stats`` (which never raises) when even that fails."""
+    try:
+        mx, mn, mean, l2, nan, inf, _ = batch_stat_columns([t])
+        return TensorStats(dname, shape, [mx[0], mn[0], mean[0], l2[0]], nan[0], inf[0])
+    except Exception:  # noqa: BLE001
+        return tensor_stats(t)
 
 
 def _saveable(t: torch.Tensor) -> Optional[torch.Tensor]:
