@@ -33,7 +33,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle as _Handle
 
 from pytest_ptdbg.capture import names
-from pytest_ptdbg.capture.isolation import NOOP, functorch_active, outside_modes, unwrap_tree
+from pytest_ptdbg.capture.isolation import NOOP, functorch_active, modes_off, modes_on, outside_modes, unwrap_tree
 from pytest_ptdbg.capture.sink import ApiCall, SinkStop, iter_tensors, outputs_of, report_internal_error
 from pytest_ptdbg.format.gc_pause import freeze_heap, thaw_heap
 
@@ -42,6 +42,7 @@ __all__ = ["CaptureEngine"]
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
 _grad_enabled = torch.is_grad_enabled
+_tf_len = torch._C._len_torch_function_stack
 
 #: torch.distributed functions wrapped while started (those that exist in this torch)
 DIST_FUNCS = (
@@ -246,7 +247,19 @@ class CaptureEngine:
     def handle(self, hit: Tuple[str, str], func: Callable, args: tuple, kwargs: dict, wrapped: bool = False) -> Any:
         """Run ``func`` as one recorded API call; ``hit`` is its ``(Type, name)``.
 
-        ``func`` runs exactly once; what capture and the sinks do around it never raises."""
+        ``func`` runs exactly once; what capture and the sinks do around it never raises. The
+        user's torch function modes (below capture's own, which torch pops while it handles a
+        call) see the call itself, never capture's bookkeeping (aliases, hooks, ``grad_fn`` reads)."""
+        if _tf_len():
+            modes = modes_off()
+            try:
+                return self._handle(hit, func, args, kwargs, wrapped, modes)
+            finally:
+                modes_on(modes)
+        return self._handle(hit, func, args, kwargs, wrapped, None)
+
+    def _handle(self, hit: Tuple[str, str], func: Callable, args: tuple, kwargs: dict, wrapped: bool,
+                modes: Optional[list]) -> Any:
         try:
             prep = self._before(hit, func, args, kwargs, wrapped)
         except SinkStop:
@@ -259,19 +272,21 @@ class CaptureEngine:
             if wrapped:
                 self.depth += 1
                 try:
-                    return func(*args, **kwargs)
+                    return func(*args, **kwargs) if modes is None else _under(modes, func, args, kwargs)
                 finally:
                     self.depth -= 1
-            return func(*args, **kwargs)
+            return func(*args, **kwargs) if modes is None else _under(modes, func, args, kwargs)
         call, wanted, bw, cargs, ckwargs, aliases, plan, quiet = prep
         if wrapped:
             self.depth += 1
             try:
-                out = func(*cargs, **ckwargs)
+                out = func(*cargs, **ckwargs) if modes is None else _under(modes, func, cargs, ckwargs)
             finally:
                 self.depth -= 1
-        else:
+        elif modes is None:
             out = func(*cargs, **ckwargs)
+        else:
+            out = _under(modes, func, cargs, ckwargs)
         if aliases:
             try:
                 same: set = set()
@@ -504,6 +519,15 @@ class CaptureEngine:
 
     def _make_hook(self, call: ApiCall, sinks: list, io: str, idx: Tuple[int, ...]) -> Callable:
         return _TensorHook(self, call, sinks, io, idx)
+
+
+def _under(modes: list, func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``func(*args, **kwargs)`` with the torch function modes ``modes_off`` took put back."""
+    modes_on(modes)
+    try:
+        return func(*args, **kwargs)
+    finally:
+        modes[:] = modes_off()
 
 
 def _deliver(engine: "CaptureEngine", call: ApiCall, sinks: list, io: str, idx: Tuple[int, ...], grad: Any) -> None:

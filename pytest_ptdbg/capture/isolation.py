@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["NOOP", "isolated", "outside_modes", "user_modes_active", "functorch_active", "unwrap", "unwrap_tree"]
+__all__ = ["NOOP", "isolated", "outside_modes", "modes_off", "modes_on", "user_modes_active", "functorch_active", "unwrap", "unwrap_tree"]
 
 _any_autocast = torch._C._is_any_autocast_enabled
 _tf_len = torch._C._len_torch_function_stack
@@ -108,6 +108,26 @@ class _Isolated:
 def _enter(guards: list, cm: Any) -> None:
     cm.__enter__()
     guards.append(cm)
+
+
+_pop_tf = torch._C._pop_torch_function_stack
+_push_tf = torch._C._push_on_torch_function_stack
+
+
+def modes_off() -> list:
+    """Pop every torch function mode (innermost first) and return them, for :func:`modes_on`.
+    Unlike ``DisableTorchFunction`` this leaves tensor subclasses' ``__torch_function__`` on
+    (capture's aliases of a subclass stay of that subclass)."""
+    modes = []
+    while _tf_len():
+        modes.append(_pop_tf())
+    return modes
+
+
+def modes_on(modes: list) -> None:
+    """Push back the modes :func:`modes_off` popped (the list is emptied)."""
+    while modes:
+        _push_tf(modes.pop())
 
 
 def unwrap(t: Any) -> Any:

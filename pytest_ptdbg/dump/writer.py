@@ -704,6 +704,14 @@ _WRITES_INPUTS = frozenset((
 ))
 _STRIDED = torch.strided
 _Param = torch.nn.Parameter
+
+
+def _no_storage(t: torch.Tensor) -> bool:
+    """Whether ``t`` (of a tensor subclass) has no data of its own to save (a wrapper subclass)."""
+    try:
+        return t.numel() > 0 and t.data_ptr() == 0
+    except Exception:  # noqa: BLE001 - no data pointer at all
+        return True
 #: the state of a call whose forward is done and whose backward is awaited
 _BWD_ONLY = (True, True, None, None)
 #: records wait in memory (their statistics measured together, see DumpSink) until this many
@@ -873,7 +881,11 @@ class DumpSink(Sink):
         """Save ``t`` (a snapshot of it as it is now) as ``{key}.npy``; returns the file name or
         None. Sparse tensors are saved dense, quantized ones dequantized, inference tensors as a
         normal copy; meta and nested tensors have no file. ``link``: a file saved earlier for the
-        same data may be reused."""
+        same data may be reused. A tensor subclass without storage of its own (a wrapper subclass)
+        has no file: its record keeps what its statistics could tell."""
+        tt = type(t)
+        if tt is not _Tensor and tt is not _Param and _no_storage(t):
+            return None
         if t.layout is not _STRIDED or t.is_quantized or t.is_meta or t.is_nested or t.is_inference():
             t = _saveable(t)
             if t is None:

@@ -378,3 +378,115 @@ def test_torch_compile_inductor_is_bit_identical_and_the_debugger_is_invisible_t
     recs = _records(tmp_path)
     assert "Tensor_mean_0_forward_output.0" in recs and "Tensor___pow___0_backward_output.0" in recs
     assert not [k for k in recs if "linear" in k or "gelu" in k]  # the compiled region runs opaque
+
+
+# ------------------------------------------------- the user's own modes and storage-less subclasses
+
+class _FunctionLog(torch.overrides.TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+class _DispatchLog(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _logged_step(tmp_path, mode_cls, debug: bool):
+    model, batch = em.mlp(seed=0, batch_size=4, d_in=6, hidden=8, n_classes=3)
+    dbg = _debugger(tmp_path, "full") if debug else None
+    log = mode_cls()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with log:
+            if dbg is not None:
+                dbg.start()
+            loss = model.loss(batch)
+            loss.backward()
+            if dbg is not None:
+                dbg.stop()
+        if dbg is not None:
+            dbg.close()
+    return (loss.detach(), [p.grad for p in model.parameters()]), log.seen, _ours(caught)
+
+
+def test_a_users_torch_function_mode_sees_only_the_users_calls(tmp_path):
+    """A TorchFunctionMode the user entered before start() saw the debugger's own calls (the
+    aliases' view_as, dim() and grad_fn reads of its bookkeeping, every statistic): 71 calls
+    instead of 8 on a tiny step. Now it sees exactly the calls it sees without the debugger."""
+    plain, seen_plain, _ = _logged_step(tmp_path / "plain", _FunctionLog, False)
+    got, seen, ours = _logged_step(tmp_path / "dbg", _FunctionLog, True)
+    assert not ours, ours
+    assert _equal(plain, got)
+    assert seen == seen_plain
+    assert "Functional_linear_0_backward_output.1" in _records(tmp_path / "dbg")
+
+
+def test_a_users_dispatch_mode_does_not_see_the_statistics(tmp_path):
+    """A TorchDispatchMode the user entered saw the debugger's snapshots and statistics (clone,
+    cat, sum...). Now the only extra ops it sees come from the aliases capture puts into the user's
+    graph (``x.view_as(x)``, which is how an API's own share of a gradient is tapped)."""
+    plain, seen_plain, _ = _logged_step(tmp_path / "plain", _DispatchLog, False)
+    got, seen, ours = _logged_step(tmp_path / "dbg", _DispatchLog, True)
+    assert not ours, ours
+    assert _equal(plain, got)
+    # the aliases' views, and the copies the autograd engine makes to pass their gradients on
+    graph = {"aten.view.default", "aten.new_empty_strided.default", "aten.copy_.default"}
+    assert set(seen) - set(seen_plain) <= graph, sorted(set(seen) - set(seen_plain))
+    assert "Functional_linear_0_backward_output.1" in _records(tmp_path / "dbg")
+
+
+class _Wrapper(torch.Tensor):
+    """A wrapper subclass: no storage of its own, its value held in ``elem``."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype)
+        r.elem = elem
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map
+
+        def un(t):
+            return t.elem if isinstance(t, _Wrapper) else t
+
+        out = func(*tree_map(un, args), **tree_map(un, kwargs or {}))
+        return tree_map(lambda t: _Wrapper(t) if isinstance(t, torch.Tensor) else t, out)
+
+
+def test_a_wrapper_subclass_without_storage_does_not_stop_a_full_dump(tmp_path):
+    """Saving a storage-less wrapper subclass's ``.npy`` raised inside the writer, which stopped
+    the whole dump ("the dump stopped: write error ..."). Now such a tensor has no file, its record
+    says what could (not) be summarised, and the rest of the dump is written; the user's numbers
+    are unchanged."""
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 4), torch.randn(4, 3)
+
+    def run():
+        y = torch.tanh(_Wrapper(x) @ _Wrapper(w))
+        return y.elem.clone(), torch.relu(x).sum()
+
+    plain = run()
+    got, ours = _debugged(tmp_path, "full", run)
+    assert not ours, ours
+    assert _equal(plain, got)
+    recs = _records(tmp_path)
+    rec = recs["Tensor_matmul_0_forward_input.0"]
+    assert "npy" not in rec[6] and rec[6].get("note") and rec[4] == [2, 4]
+    assert "npy" in recs["Torch_relu_0_forward_input.0"][6]
+    with open(glob.glob(os.path.join(records.rank_dir(str(tmp_path), 0), "*manifest*"))[0]) as f:
+        assert json.load(f)["complete"] is True
