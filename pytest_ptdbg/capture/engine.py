@@ -54,7 +54,7 @@ DIST_FUNCS = (
 
 
 #: ``torch.compile``: dynamo inlines a mode's ``__torch_function__`` into what it traces, so the
-#: mode hands it the bare call (``is_dynamo_compiling`` is True to dynamo, and the rest of the test
+#: mode hands it the bare call (``is_dynamo_compiling`` is True to dynamo, and the rest of the condition
 #: is never traced); the flag covers the rest of a compile session (AOTAutograd's tracing, ``export``,
 #: as ``torch.compiler.is_compiling`` without its call). Compiled regions then run opaque, unrecorded.
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
@@ -353,10 +353,10 @@ class CaptureEngine:
         ft = quiet is not NOOP and functorch_active()
         if ft:  # the sinks see the values inside functorch's wrappers, never the wrappers
             call = ApiCall(api_type, name, k, func, unwrap_tree(args), unwrap_tree(kwargs),
-                           "optimizer" if self.opt_depth else "", inplace, seq, sys._getframe(3))
+                           "optimizer" if self.opt_depth else "", inplace, seq, sys._getframe(4))
         else:
             call = ApiCall(api_type, name, k, func, args, kwargs, "optimizer" if self.opt_depth else "",
-                           inplace, seq, sys._getframe(3))
+                           inplace, seq, sys._getframe(4))
         sinks = self.sinks
         self.busy = True
         if quiet is not NOOP:
