@@ -33,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle as _Handle
 
 from pytest_ptdbg.capture import names
+from pytest_ptdbg.capture.isolation import NOOP, functorch_active, modes_off, modes_on, outside_modes, unwrap_tree
 from pytest_ptdbg.capture.sink import ApiCall, SinkStop, iter_tensors, outputs_of, report_internal_error
 from pytest_ptdbg.format.gc_pause import freeze_heap, thaw_heap
 
@@ -41,6 +42,7 @@ __all__ = ["CaptureEngine"]
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
 _grad_enabled = torch.is_grad_enabled
+_tf_len = torch._C._len_torch_function_stack
 
 #: torch.distributed functions wrapped while started (those that exist in this torch)
 DIST_FUNCS = (
@@ -50,6 +52,16 @@ DIST_FUNCS = (
     "_all_gather_base", "_reduce_scatter_base",
 )
 
+
+#: ``torch.compile``: dynamo inlines a mode's ``__torch_function__`` into what it traces, so the
+#: mode hands it the bare call (``is_dynamo_compiling`` is True to dynamo, and the rest of the condition
+#: is never traced); the flag covers the rest of a compile session (AOTAutograd's tracing, ``export``,
+#: as ``torch.compiler.is_compiling`` without its call). Compiled regions then run opaque, unrecorded.
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
+_compiler = torch.compiler
+
+#: ``plan`` of a call made inside a functorch transform (no taps; the sinks see unwrapped values)
+_FUNCTORCH = ("functorch",)
 
 _UNSEEN = object()
 #: func -> (Type, name) or None: what names.classify says, remembered per callable
@@ -63,6 +75,8 @@ class _Mode(TorchFunctionMode):
         self._seen = _SEEN
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _dynamo_compiling() or _compiler._is_compiling_flag:  # torch.compile: the bare call (see above)
+            return func(*args, **kwargs) if kwargs else func(*args)
         eng = self.engine
         if eng.busy or eng.depth:
             return func(*args, **kwargs) if kwargs else func(*args)
@@ -233,7 +247,19 @@ class CaptureEngine:
     def handle(self, hit: Tuple[str, str], func: Callable, args: tuple, kwargs: dict, wrapped: bool = False) -> Any:
         """Run ``func`` as one recorded API call; ``hit`` is its ``(Type, name)``.
 
-        ``func`` runs exactly once; what capture and the sinks do around it never raises."""
+        ``func`` runs exactly once; what capture and the sinks do around it never raises. The
+        user's torch function modes (below capture's own, which torch pops while it handles a
+        call) see the call itself, never capture's bookkeeping (aliases, hooks, ``grad_fn`` reads)."""
+        if _tf_len():
+            modes = modes_off()
+            try:
+                return self._handle(hit, func, args, kwargs, wrapped, modes)
+            finally:
+                modes_on(modes)
+        return self._handle(hit, func, args, kwargs, wrapped, None)
+
+    def _handle(self, hit: Tuple[str, str], func: Callable, args: tuple, kwargs: dict, wrapped: bool,
+                modes: Optional[list]) -> Any:
         try:
             prep = self._before(hit, func, args, kwargs, wrapped)
         except SinkStop:
@@ -246,19 +272,21 @@ class CaptureEngine:
             if wrapped:
                 self.depth += 1
                 try:
-                    return func(*args, **kwargs)
+                    return func(*args, **kwargs) if modes is None else _under(modes, func, args, kwargs)
                 finally:
                     self.depth -= 1
-            return func(*args, **kwargs)
-        call, wanted, bw, cargs, ckwargs, aliases, plan = prep
+            return func(*args, **kwargs) if modes is None else _under(modes, func, args, kwargs)
+        call, wanted, bw, cargs, ckwargs, aliases, plan, quiet = prep
         if wrapped:
             self.depth += 1
             try:
-                out = func(*cargs, **ckwargs)
+                out = func(*cargs, **ckwargs) if modes is None else _under(modes, func, cargs, ckwargs)
             finally:
                 self.depth -= 1
-        else:
+        elif modes is None:
             out = func(*cargs, **ckwargs)
+        else:
+            out = _under(modes, func, cargs, ckwargs)
         if aliases:
             try:
                 same: set = set()
@@ -268,8 +296,11 @@ class CaptureEngine:
                 same = set()
         else:
             same = set()
-        call.output = out
+        call.output = unwrap_tree(out) if plan is _FUNCTORCH else out
         self.busy = True
+        if quiet is not NOOP:  # the user's modes, seen at the call's entry: left again
+            quiet = outside_modes()
+            quiet.__enter__()
         try:
             for s in wanted:
                 try:
@@ -294,6 +325,8 @@ class CaptureEngine:
                         for s in bw:
                             report_internal_error(f"capture backward tap {call.forward_key}", e, s)
         finally:
+            if quiet is not NOOP:
+                quiet.__exit__(None, None, None)
             self.busy = False
             try:
                 call.release()
@@ -303,7 +336,8 @@ class CaptureEngine:
 
     def _before(self, hit: Tuple[str, str], func: Callable, args: tuple, kwargs: dict, wrapped: bool) -> Any:
         """Count the call, ask the sinks, alias the inputs and hook the aliases: ``(call, wanted
-        sinks, backward sinks, args, kwargs, aliases)``, or None when no sink wants the call."""
+        sinks, backward sinks, args, kwargs, aliases, plan, isolation context)``, or None when no sink
+        wants the call."""
         counters = self.counters
         k = counters.get(hit, 0)
         counters[hit] = k + 1
@@ -315,10 +349,18 @@ class CaptureEngine:
         except Exception as e:
             report_internal_error("capture is_inplace", e)
             inplace = True  # the safe side: no alias for the first argument
-        call = ApiCall(api_type, name, k, func, args, kwargs, "optimizer" if self.opt_depth else "",
-                       inplace, seq, sys._getframe(3))
+        quiet = outside_modes()  # the sinks work outside the user's autocast, modes and transforms
+        ft = quiet is not NOOP and functorch_active()
+        if ft:  # the sinks see the values inside functorch's wrappers, never the wrappers
+            call = ApiCall(api_type, name, k, func, unwrap_tree(args), unwrap_tree(kwargs),
+                           "optimizer" if self.opt_depth else "", inplace, seq, sys._getframe(4))
+        else:
+            call = ApiCall(api_type, name, k, func, args, kwargs, "optimizer" if self.opt_depth else "",
+                           inplace, seq, sys._getframe(4))
         sinks = self.sinks
         self.busy = True
+        if quiet is not NOOP:
+            quiet.__enter__()
         try:
             wanted = []
             for s in sinks:
@@ -334,10 +376,16 @@ class CaptureEngine:
                     except Exception:  # pragma: no cover
                         pass
         finally:
+            if quiet is not NOOP:
+                quiet.__exit__(None, None, None)
             self.busy = False
         if not wanted:
             call.release()
             return None
+        if ft:
+            # inside a transform: no alias and no hook on the user's wrapped tensors (an alias
+            # cuts what the transform differentiates); the transform's own backward is not taped
+            return call, wanted, (), args, kwargs, [], _FUNCTORCH, quiet
         if len(wanted) == len(sinks):  # every sink (the usual case): one shared list per sinks list
             cached = self._bw_of
             if cached is None or cached[0] is not sinks:
@@ -353,11 +401,15 @@ class CaptureEngine:
                 inputs = None if inplace else _node_inputs(args, kwargs)
                 if inputs is not None:
                     if not inputs:
-                        return call, wanted, bw, args, kwargs, aliases, None  # nothing requires grad
-                    key = (func, len(args), tuple(kwargs) if kwargs else (), tuple([(i, t.dim()) for i, t in inputs]))
+                        return call, wanted, bw, args, kwargs, aliases, None, quiet  # nothing requires grad
+                    # the autograd nodes an API makes depend on its inputs' ranks and on the
+                    # options it is given as strings, flags or None (einsum's equation, a
+                    # reduction, bias=None): each such signature learns its own answer
+                    key = (func, len(args), tuple(kwargs) if kwargs else (),
+                           tuple([(i, t.dim()) for i, t in inputs]), _options(args, kwargs))
                     ok = self._node_ok.get(key) if self.node_taps else False
                     if ok:
-                        return call, wanted, bw, args, kwargs, aliases, (True, key, inputs)
+                        return call, wanted, bw, args, kwargs, aliases, (True, key, inputs), quiet
                     if ok is None:
                         plan = (False, key, inputs)  # learn, from this call's aliases, whether nodes suffice
             except Exception as e:  # pragma: no cover - plain attribute reads
@@ -376,7 +428,7 @@ class CaptureEngine:
                     report_internal_error(f"capture alias {call.forward_key}", e, s)
                 args, kwargs, aliases = call.args, call.kwargs, []  # the user's own arguments
                 plan = None
-        return call, wanted, bw, args, kwargs, aliases, plan
+        return call, wanted, bw, args, kwargs, aliases, plan, quiet
 
     def _after_plan(self, call: ApiCall, sinks: list, out: Any, plan: tuple, aliases: list, same: set) -> bool:
         """Node taps (``plan[0]``): hook the autograd nodes that produce each input's gradient,
@@ -407,7 +459,8 @@ class CaptureEngine:
             self._node_ok[key] = False  # aliases from the next call on
             for s in sinks:
                 report_internal_error(f"capture node taps {call.forward_key}",
-                                      RuntimeError("an API that returned one tensor returned another kind"), s)
+                                      RuntimeError("an API that returned one tensor returned another kind"), s,
+                                      _NO_INPUT_GRADS)
             return False
         if gf is None or not out.requires_grad:
             return False  # the output carries no gradient: there is none to record
@@ -426,7 +479,8 @@ class CaptureEngine:
             self._node_ok[key] = False  # aliases from the next call on
             for s in sinks:
                 report_internal_error(f"capture node taps {call.forward_key}",
-                                      RuntimeError("input gradients not found in the API's autograd nodes"), s)
+                                      RuntimeError("input gradients not found in the API's autograd nodes"), s,
+                                      _NO_INPUT_GRADS)
             return False
         by_node: Dict[int, list] = {}
         nodes: Dict[int, Any] = {}
@@ -467,14 +521,30 @@ class CaptureEngine:
         return _TensorHook(self, call, sinks, io, idx)
 
 
+def _under(modes: list, func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``func(*args, **kwargs)`` with the torch function modes ``modes_off`` took put back."""
+    modes_on(modes)
+    try:
+        return func(*args, **kwargs)
+    finally:
+        modes[:] = modes_off()
+
+
 def _deliver(engine: "CaptureEngine", call: ApiCall, sinks: list, io: str, idx: Tuple[int, ...], grad: Any) -> None:
-    for s in sinks:
-        try:
-            s.on_backward(call, io, idx, grad)
-        except SinkStop:
-            raise
-        except Exception as e:
-            report_internal_error(f"{type(s).__name__}.on_backward {call.backward_key}", e, s)
+    quiet = outside_modes()  # (backward() passes through capture's mode: it is popped while hooks run)
+    if quiet is not NOOP:
+        quiet.__enter__()
+    try:
+        for s in sinks:
+            try:
+                s.on_backward(call, io, idx, grad)
+            except SinkStop:
+                raise
+            except Exception as e:
+                report_internal_error(f"{type(s).__name__}.on_backward {call.backward_key}", e, s)
+    finally:
+        if quiet is not NOOP:
+            quiet.__exit__(None, None, None)
 
 
 class _TensorHook:
@@ -563,6 +633,22 @@ _SPARSE_GRAD_APIS = frozenset(("embedding", "embedding_bag", "_embedding_bag"))
 def _any_true(args: tuple, kwargs: dict) -> bool:
     """Whether some flag of the call is True (``sparse=True`` given by position or keyword)."""
     return any(v is True for v in args) or any(v is True for v in kwargs.values())
+
+
+#: what a node-tap failure costs (the call ran without aliases, nothing else can see its share)
+_NO_INPUT_GRADS = ("the dump misses this call's backward_output records (later calls of this API and "
+                   "signature are tapped through aliases)")
+_OPTION_TYPES = (str, bool, type(None))
+
+
+def _options(args: tuple, kwargs: dict) -> Any:
+    """Part of the node-tap key: a leading string argument (einsum's equation) and the string, bool
+    and None keyword arguments (``reduction=``, ``mode=``, ``approximate=``, ``bias=None``), by value.
+    (Cheap on the per-call path: other positional arguments are not scanned.)"""
+    first = args[0] if args and type(args[0]) is str else None
+    if kwargs:
+        return first, tuple([v for v in kwargs.values() if type(v) in _OPTION_TYPES])
+    return first
 
 
 def _node_inputs(args: tuple, kwargs: dict) -> Optional[list]:

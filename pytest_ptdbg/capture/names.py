@@ -3,8 +3,8 @@
 Built once from ``torch.nn.functional`` (Functional; first, because ``F.linear`` is
 ``torch._C._nn.linear``), the rnn family of ``torch._VF`` (VF), ``torch`` (Torch) and the methods
 and operators of ``torch.Tensor`` (Tensor). Calls that do no arithmetic on data (property reads,
-``size()``, ``dim()``, ``item()``, ``backward()``, grad-mode switches, profiler markers...) are
-skipped (:func:`classify` returns None).
+``size()``, ``dim()``, ``item()``, ``backward()``, ``torch.autograd.grad``, grad-mode switches,
+profiler markers...) are skipped (:func:`classify` returns None).
 """
 from __future__ import annotations
 
@@ -132,6 +132,10 @@ def _guess(func: Callable) -> Optional[Tuple[str, str]]:
             return None
         return ("Aten", str(getattr(func, "_opname", None) or name.split(".")[0]))
     if "profiler" in module or "record_function" in name:
+        return None
+    if module.startswith("torch.autograd"):
+        # autograd's drivers (torch.autograd.grad/backward, forward_ad): no arithmetic of their
+        # own, and aliasing their inputs would ask for gradients of tensors outside the graph
         return None
     qual = getattr(func, "__qualname__", "") or ""
     if qual.startswith(("getset_descriptor", "member_descriptor", "property")):

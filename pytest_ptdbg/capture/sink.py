@@ -312,9 +312,14 @@ def extract_stack(frame: Any, limit: int = 30) -> List[list]:
 _WARNED: set = set()
 
 
-def report_internal_error(where: str, error: BaseException, sink: Any = None) -> None:
+#: what an internal error costs unless its caller says otherwise
+LOST_RECORD = "the dump misses this record"
+
+
+def report_internal_error(where: str, error: BaseException, sink: Any = None, effect: str = LOST_RECORD) -> None:
     """An internal error of the debugger inside the user's step: never raised, warned once per
-    ``(where, exception type)``, and recorded as ``sink.degraded`` (the first reason is kept)."""
+    ``(where, exception type)``, and recorded as ``sink.degraded`` (the first reason is kept).
+    ``effect`` says, truly, what it cost (default: a record is missing)."""
     reason = f"{where}: {type(error).__name__}: {error}".splitlines()[0][:300]
     if sink is not None:
         try:
@@ -327,8 +332,8 @@ def report_internal_error(where: str, error: BaseException, sink: Any = None) ->
         return
     _WARNED.add(key)
     try:
-        warnings.warn(f"pytest-ptdbg: internal error ({reason}); the step goes on unchanged, the dump "
-                      "misses this record (further errors of this kind are not reported)",
+        warnings.warn(f"pytest-ptdbg: internal error ({reason}); the step goes on unchanged, {effect} "
+                      "(further errors of this kind are not reported)",
                       RuntimeWarning, stacklevel=2)
     except Exception:  # warnings turned into errors (-W error): still never raise into user code
         pass

@@ -45,6 +45,10 @@ _isfinite = math.isfinite
 _sqrt = math.sqrt
 _float32 = torch.float32
 _STRIDED = torch.strided
+#: the debugger's statistics never run under the user's autocast: it would cast (``torch.cat`` of
+#: float16 snapshots under a bfloat16 autocast raises) and change the numbers
+_any_autocast = torch._C._is_any_autocast_enabled
+_DisableAutocast = torch._C._DisableAutocast
 
 
 class TensorStats(NamedTuple):
@@ -63,8 +67,12 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
 
     Empty tensors have empty statistics. Complex tensors are measured on their absolute value.
     Never records autograd history (works under any grad mode), never changes ``t`` and never
-    raises: a kind of tensor the fast paths cannot read goes to :func:`special_stats`.
+    raises: a kind of tensor the fast paths cannot read goes to :func:`special_stats`. Runs outside
+    the user's autocast (see :data:`_any_autocast`).
     """
+    if _any_autocast():
+        with _DisableAutocast():
+            return tensor_stats(t)
     try:
         return _dense_stats(t)
     except Exception as e:  # sparse, quantized, nested, meta, a dtype a kernel lacks...
@@ -219,7 +227,11 @@ def batch_stats(tensors: list, names: list, shapes: list) -> list:
 
 def batch_stat_columns(tensors: list) -> Tuple[list, list, list, list, list, list, list]:
     """:func:`batch_stats` as columns: ``(max, min, mean, l2norm, nan, inf, finite)``, one list
-    entry per tensor (``finite``: all four statistics are finite), without a record object each."""
+    entry per tensor (``finite``: all four statistics are finite), without a record object each.
+    Runs outside the user's autocast."""
+    if _any_autocast():
+        with _DisableAutocast():
+            return batch_stat_columns(tensors)
     n_all = len(tensors)
     mx_o: list = [0.0] * n_all
     mn_o: list = [0.0] * n_all

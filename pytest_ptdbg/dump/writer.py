@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from pytest_ptdbg.capture.isolation import isolated
 from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors, report_internal_error
 from pytest_ptdbg.dump.call_spec import encode_call_json, number_sequence, sequence_tensor
 from pytest_ptdbg.dump.select import Selector, filtered_out
@@ -774,6 +775,14 @@ _WRITES_INPUTS = frozenset((
 ))
 _STRIDED = torch.strided
 _Param = torch.nn.Parameter
+
+
+def _no_storage(t: torch.Tensor) -> bool:
+    """Whether ``t`` (of a tensor subclass) has no data of its own to save (a wrapper subclass)."""
+    try:
+        return t.numel() > 0 and t.data_ptr() == 0
+    except Exception:  # noqa: BLE001 - no data pointer at all
+        return True
 #: the state of a call whose forward is done and whose backward is awaited
 _BWD_ONLY = (True, True, None, None)
 #: records wait in memory (their statistics measured together, see DumpSink) until this many
@@ -971,7 +980,11 @@ class DumpSink(Sink):
         """Save ``t`` (a snapshot of it as it is now) as ``{key}.npy``; returns the file name or
         None. Sparse tensors are saved dense, quantized ones dequantized, inference tensors as a
         normal copy; meta and nested tensors have no file. ``link``: a file saved earlier for the
-        same data may be reused."""
+        same data may be reused. A tensor subclass without storage of its own (a wrapper subclass)
+        has no file: its record keeps what its statistics could tell."""
+        tt = type(t)
+        if tt is not _Tensor and tt is not _Param and _no_storage(t):
+            return None
         if t.layout is not _STRIDED or t.is_quantized or t.is_meta or t.is_nested or t.is_inference():
             t = _saveable(t)
             if t is None:
@@ -1096,15 +1109,18 @@ class DumpSink(Sink):
             return
         cache = self.cache
         try:
-            mx, mn, mean, l2, nan, inf, ok = batch_stat_columns([h[0] for h in snaps])
-        except Exception as e:  # noqa: BLE001 - one by one instead (tensor_stats never raises)
-            report_internal_error("batch statistics", e)
-            for h in snaps:
-                st = tensor_stats(h[0])
-                h[6] = _body(st)
-                h[0] = None
-                if h[3] is not None:
-                    cache.put(h[3], h[4], h[5], st)
+            with isolated():  # outside the user's autocast and modes (a flush may run inside them)
+                mx, mn, mean, l2, nan, inf, ok = batch_stat_columns([h[0] for h in snaps])
+        except Exception as e:  # noqa: BLE001 - one by one instead: the same numbers, nothing lost
+            report_internal_error("batch statistics", e, None,
+                                  "these records are measured one by one instead, none is missing")
+            with isolated():
+                for h in snaps:
+                    st = _one_stats(h[0], h[1], h[2])
+                    h[6] = _body(st)
+                    h[0] = None
+                    if h[3] is not None:
+                        cache.put(h[3], h[4], h[5], st)
             return
         for j, h in enumerate(snaps):
             h[0] = None  # the snapshot's memory goes
@@ -1155,6 +1171,16 @@ class DumpSink(Sink):
         self._write_pending()
         self.writer.close()
         self._bw_started.clear()
+
+
+def _one_stats(t: torch.Tensor, dname: str, shape: Tuple[int, ...]) -> TensorStats:
+    """A snapshot's statistics alone, computed as the batch computes them (the same numbers);
+    ``tensor_stats`` (which never raises) when even that fails."""
+    try:
+        mx, mn, mean, l2, nan, inf, _ = batch_stat_columns([t])
+        return TensorStats(dname, shape, [mx[0], mn[0], mean[0], l2[0]], nan[0], inf[0])
+    except Exception:  # noqa: BLE001
+        return tensor_stats(t)
 
 
 def _saveable(t: torch.Tensor) -> Optional[torch.Tensor]:
