@@ -266,7 +266,10 @@ class _SessionHooks:
         if report.when == "teardown":
             entries = getattr(item, "_ptdbg_entries", None)
             if entries:
-                setattr(report, REPORT_ATTR, [dict(e) for e in entries])
+                setattr(report, REPORT_ATTR, [plain(e) for e in entries])
+        # xdist sends the report to the controller: only types its serializer knows
+        report.user_properties = [tuple(plain(list(p))) if isinstance(p, (tuple, list)) else
+                                  plain(p) for p in report.user_properties]
         return report
 
     def pytest_runtest_logreport(self, report: Any) -> None:
@@ -311,6 +314,39 @@ class _SessionHooks:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.state.is_worker:
             self.state.summary.write_terminal(terminalreporter)
+
+
+def plain(obj: Any) -> Any:
+    """``obj`` as plain Python (what pytest-xdist's serializer sends): numpy scalars (``np.str_``,
+    ``np.float32``, ``np.bool_``...) and arrays as their values, tuples and sets as lists, dict
+    keys as strings, anything else unknown as its ``str``."""
+    if obj is None or type(obj) in (bool, int, float, str):
+        return obj
+    if isinstance(obj, dict):
+        return {str(plain(k)): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = sorted(obj, key=str) if isinstance(obj, (set, frozenset)) else obj
+        return [plain(v) for v in items]
+    if isinstance(obj, bool):
+        return bool(obj)
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj)
+    if isinstance(obj, str):
+        return str(obj)
+    item = getattr(obj, "item", None)  # numpy scalars and 0-d arrays, torch scalars
+    tolist = getattr(obj, "tolist", None)
+    try:
+        if callable(tolist) and getattr(obj, "ndim", 0):
+            return plain(tolist())
+        if callable(item):
+            value = item()
+            if value is not obj and type(value) in (bool, int, float, str, complex, bytes):
+                return plain(value) if not isinstance(value, (complex, bytes)) else str(value)
+    except Exception:  # noqa: BLE001 - a value that cannot convert itself is shown as text
+        pass
+    return str(obj)
 
 
 def _fail_unasserted(item: Any, report: Any) -> None:
