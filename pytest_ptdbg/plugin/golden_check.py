@@ -277,10 +277,11 @@ def _rms(line: Dict[str, Any]) -> float:
     return 0.0 if v is None else v[3] / math.sqrt(max(_numel(line.get("shape")), 1))
 
 
-def noise_floor(tensors: Dict[Tuple[str, str], Dict[str, Any]], key: str, t: str,
+def noise_floor(tensors: Dict[str, Dict[str, Any]], key: str, t: str,
                 call: Optional[Dict[str, Any]] = None) -> float:
-    """The absolute drift of one element of record ``(key, t)`` that rounding at the scale of
-    its call's data explains (0.0: none known; the relative tolerance alone judges).
+    """The absolute drift of one element of record ``t`` of call ``key`` that rounding at the
+    scale of its call's data explains (0.0: none known; the relative tolerance alone judges).
+    ``tensors``: the call's tensor lines by ``t``; ``call``: its call line.
 
     An output of a call is computed from the call's inputs in the same direction: a result
     is never more exact than ``NOISE_UNITS`` roundings at the smallest RMS among its floating
@@ -291,13 +292,12 @@ def noise_floor(tensors: Dict[Tuple[str, str], Dict[str, Any]], key: str, t: str
     sign. An input of a call is judged at the scale of the call's other tensors: a change
     below their rounding level is not visible to the call (its producer judged it already).
     """
-    line = tensors.get((key, t))
+    line = tensors.get(t)
     if line is None or _finite_stats(line) is None:
         return 0.0
     u = unit_roundoff(str(line.get("dtype")))
     direction, _, rest = t.partition(".")
-    peers = {pt: pl for (pk, pt), pl in tensors.items()
-             if pk == key and pt != t and pt.startswith(direction + ".")}
+    peers = {pt: pl for pt, pl in tensors.items() if pt != t and pt.startswith(direction + ".")}
     if rest.startswith("input"):
         scale = max([_rms(pl) for pl in peers.values()] or [0.0])
         return NOISE_UNITS * u * scale
@@ -312,15 +312,15 @@ def noise_floor(tensors: Dict[Tuple[str, str], Dict[str, Any]], key: str, t: str
     api = key.rsplit("/", 1)[-1].split("#")[0].split("_", 1)[-1]
     value = _value_argument(call) if api.startswith(("addcmul", "addcdiv")) else 1.0
     if api in _PRODUCTS:
-        a, b = (_operand(tensors.get((key, f"forward.{x}"))) for x in _PRODUCTS[api])
+        a, b = (_operand(tensors.get(f"forward.{x}")) for x in _PRODUCTS[api])
         if a is not None and b is not None:
-            addend = _operand(tensors.get((key, "forward.input.0"))) if api.startswith(
+            addend = _operand(tensors.get("forward.input.0")) if api.startswith(
                 "addcmul") else [0.0, 0.0]
             if addend is not None:
                 floor = NOISE_UNITS * u * (max(abs(a[0]), abs(a[1])) * max(abs(b[0]), abs(b[1]))
                                            * value + max(abs(addend[0]), abs(addend[1])))
     elif api in _DIVISIONS:
-        num, den = (_operand(tensors.get((key, f"forward.{x}"))) for x in _DIVISIONS[api])
+        num, den = (_operand(tensors.get(f"forward.{x}")) for x in _DIVISIONS[api])
         if num is not None and den is not None and (den[1] > 0 or den[0] < 0):
             smallest = den[1] if den[1] > 0 else -den[0]
             biggest = max(abs(num[0]), abs(num[1]))
@@ -347,6 +347,13 @@ def _value_argument(call: Optional[Dict[str, Any]]) -> float:
     spec = call.get("call") if isinstance(call, dict) else None
     raw = (spec.get("kwargs") or {}).get("value") if isinstance(spec, dict) else None
     return abs(float(raw)) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else 1.0
+
+
+def _by_call(tensors: Dict[Tuple[str, str], Dict[str, Any]]) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    out: Dict[str, Dict[str, Dict[str, Any]]] = {}
+    for (key, t), line in tensors.items():
+        out.setdefault(key, {})[t] = line
+    return out
 
 
 def _fingerprint(golden_line: Dict[str, Any], fresh_line: Dict[str, Any]) -> Tuple[Any, ...]:
@@ -437,9 +444,11 @@ def check(golden: Golden, fresh: FreshDump, ignore: Sequence[str] = (), only: Se
             diffs.append(Difference("arguments", key, "non-tensor arguments changed", gc, fc, order))
     changed_args = {d.key for d in diffs if d.kind == "arguments"}
 
+    g_by_call, f_by_call = _by_call(g_tensors), _by_call(f_tensors)
+
     def floor_of(key: str, t: str) -> float:
-        return max(noise_floor(g_tensors, key, t, g_calls.get(key)),
-                   noise_floor(f_tensors, key, t, f_calls.get(key)))
+        return max(noise_floor(g_by_call.get(key, {}), key, t, g_calls.get(key)),
+                   noise_floor(f_by_call.get(key, {}), key, t, f_calls.get(key)))
 
     # outputs by what they hold in the golden and in this run: an input with the same values
     # on both sides is that output, passed on

@@ -25,12 +25,18 @@ def _t(key, t, shape, stats, dtype="float32"):
     return {"k": key, "t": t, "dtype": dtype, "shape": shape, "stats": stats}
 
 
+def _call(lines):
+    """A call's tensor lines by name, and its call line."""
+    return ({x["t"]: x for x in lines if "t" in x},
+            next((x for x in lines if "t" not in x), None))
+
+
 def test_noise_floor_by_hand():
     conv = "model.conv/Functional_conv2d#0"
     lines = [_t(conv, "backward.input.0", [8, 16, 8, 8], [1e-3, -1e-3, 0.0, 0.04]),
              _t(conv, "backward.output.2", [16], [1e-8, -2e-8, 0.0, 4e-8]),
              _t(conv, "backward.output.1", [16, 8, 3, 3], [0.02, -0.04, 0.0, 0.24])]
-    _, tens, _ = golden_check._index(lines)
+    tens, _ = _call(lines)
     rms = 0.04 / (8 * 16 * 8 * 8) ** 0.5
     # a sum of 512 gradient elements per bias: 512 x the input's RMS, NOISE_UNITS roundings
     assert noise_floor(tens, conv, "backward.output.2") == pytest.approx(NOISE_UNITS * U32 * 512 * rms)
@@ -45,22 +51,22 @@ def test_noise_floor_by_hand():
              _t(div, "forward.input.1", [4], [0.01, -0.005, 0.0, 0.02]),
              _t(div, "forward.input.2", [4], [0.1, 1e-8, 0.05, 0.2]),
              _t(div, "forward.output.0", [4], [0.003, -0.003, 0.0, 0.005])]
-    calls, tens, _ = golden_check._index(lines)
+    tens, call = _call(lines)
     # the largest numerator over the smallest denominator, times |value|
-    assert noise_floor(tens, div, "forward.output.0", calls[div]) == pytest.approx(
+    assert noise_floor(tens, div, "forward.output.0", call) == pytest.approx(
         NOISE_UNITS * U32 * 0.03 * 0.01 / 1e-8)
     mul = "model/Tensor_mul#0"
     lines = [_t(mul, "forward.input.0", [4], [1e-4, -1e-4, 0.0, 2e-4]),
              _t(mul, "forward.input.1", [4], [2e-4, -1e-4, 0.0, 3e-4]),
              _t(mul, "forward.output.0", [4], [2e-8, -1e-8, 0.0, 3e-8])]
-    _, tens, _ = golden_check._index(lines)
+    tens, _ = _call(lines)
     # a product of two small tensors rounds at its own scale, not at its factors'
     assert noise_floor(tens, mul, "forward.output.0") == pytest.approx(NOISE_UNITS * U32 * 2e-8)
     # integers, python numbers and masks (finfo.min) carry no floor
-    assert noise_floor({(mul, "x"): _t(mul, "forward.output.0", [2], [3, 1, 2, 3], "int64")},
-                       mul, "x") == 0.0
-    masked = {(mul, "forward.input.0"): _t(mul, "forward.input.0", [2], [1.0, -3.4e38, 0, 3.4e38]),
-              (mul, "forward.output.0"): _t(mul, "forward.output.0", [2], [1.0, 0.0, 0.5, 1.0])}
+    assert noise_floor({"forward.output.0": _t(mul, "forward.output.0", [2], [3, 1, 2, 3], "int64")},
+                       mul, "forward.output.0") == 0.0
+    masked = {"forward.input.0": _t(mul, "forward.input.0", [2], [1.0, -3.4e38, 0, 3.4e38]),
+              "forward.output.0": _t(mul, "forward.output.0", [2], [1.0, 0.0, 0.5, 1.0])}
     assert noise_floor(masked, mul, "forward.output.0") == 0.0
 
 
