@@ -17,11 +17,13 @@ test never asserted turns its passing call report into a failure (``_fail_unasse
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import stat
 import tempfile
 import time
-from typing import Any, Dict, Optional, Set
+from typing import Any, Dict, Iterable, Optional, Set
 
 import pytest
 
@@ -101,30 +103,92 @@ def _new_run_dir(root: str) -> str:
     return os.path.join(root, f"{RUN_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
 
 
+#: marker file at the top of a dump directory: the files there that the plugin wrote (JSON)
+ROOT_MARK = ".ptdbg-dump-dir"
+#: the files at the top of a dump directory that the plugin writes
+ROOT_FILES = ("ptdbg_summary.json", "index.html")
+
+
+def _is_real_dir(path: str) -> bool:
+    """A directory, not a symbolic link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _is_real_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _root_files(root: str) -> Set[str]:
+    """The top-level files the plugin wrote under ``root`` (from its marker; none without)."""
+    mark = os.path.join(root, ROOT_MARK)
+    if not _is_real_file(mark):
+        return set()
+    try:
+        with open(mark, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return set()
+    names = doc.get("files") if isinstance(doc, dict) else None
+    return {n for n in names if n in ROOT_FILES} if isinstance(names, list) else set()
+
+
+def _mark_root(root: str, written: Iterable[Optional[str]]) -> None:
+    """Note the top-level files this session wrote, so that the next session removes them."""
+    names = sorted({os.path.basename(p) for p in written if p} & set(ROOT_FILES))
+    if not names or not _is_real_dir(root):
+        return
+    try:
+        with open(os.path.join(root, ROOT_MARK), "w", encoding="utf-8") as f:
+            json.dump({"written by": "pytest-ptdbg", "files": names}, f)
+    except OSError:
+        pass
+
+
 def _clear_previous(root: str) -> None:
-    """Remove the test folders and summary of an earlier session (only what the plugin wrote)."""
+    """Remove the test folders and summary of an earlier session: only what the plugin wrote
+    (folders holding its marker, the top-level files its root marker names, folders that
+    became empty by that), never through a symbolic link."""
     if not os.path.isdir(root):
         return
+    for name in _root_files(root):
+        path = os.path.join(root, name)
+        if _is_real_file(path):
+            os.remove(path)
+    if _is_real_file(os.path.join(root, ROOT_MARK)):
+        os.remove(os.path.join(root, ROOT_MARK))
     for name in os.listdir(root):
         path = os.path.join(root, name)
-        if name in ("ptdbg_summary.json", "index.html"):
-            os.remove(path)
-        elif os.path.isdir(path):
+        if _is_real_dir(path):
             _clear_marked(path)
 
 
-def _clear_marked(path: str) -> None:
-    if os.path.exists(os.path.join(path, ARTIFACT_MARK)):
+def _clear_marked(path: str) -> bool:
+    """Remove ``path`` when it holds the artifact marker, else the marked folders below it,
+    then ``path`` itself if that left it empty; True when something was removed."""
+    if _is_real_file(os.path.join(path, ARTIFACT_MARK)):
         shutil.rmtree(path, ignore_errors=True)
-        return
-    for name in os.listdir(path):
-        sub = os.path.join(path, name)
-        if os.path.isdir(sub):
-            _clear_marked(sub)
+        return True
     try:
-        os.rmdir(path)  # only when empty
+        names = os.listdir(path)
     except OSError:
-        pass
+        return False
+    removed = False
+    for name in names:
+        sub = os.path.join(path, name)
+        if _is_real_dir(sub):
+            removed = _clear_marked(sub) or removed
+    if removed:
+        try:
+            os.rmdir(path)  # only when empty, and only when this cleaning emptied it
+        except OSError:
+            pass
+    return removed
 
 
 def pytest_configure(config: Any) -> None:
@@ -139,8 +203,9 @@ def pytest_configure(config: Any) -> None:
         root, run_dir = workerinput["ptdbg_dump_root"], workerinput["ptdbg_run_dir"]
     elif dump_dir or basetemp:
         root = run_dir = dump_dir or _default_dump_root(config)
-        # --basetemp is wiped by pytest when first used; the fixture clears ours then.
-        if not basetemp:
+        # <basetemp>/ptdbg is wiped by pytest when first used (the fixture asks for it then);
+        # an explicit dump directory is cleared of the previous session's artifacts here
+        if dump_dir:
             _clear_previous(root)
     else:  # shared default (pytest's cache): one folder per session, the summary at the top
         root = _default_dump_root(config)
@@ -201,7 +266,10 @@ class _SessionHooks:
         if report.when == "teardown":
             entries = getattr(item, "_ptdbg_entries", None)
             if entries:
-                setattr(report, REPORT_ATTR, [dict(e) for e in entries])
+                setattr(report, REPORT_ATTR, [plain(e) for e in entries])
+        # xdist sends the report to the controller: only types its serializer knows
+        report.user_properties = [tuple(plain(list(p))) if isinstance(p, (tuple, list)) else
+                                  plain(p) for p in report.user_properties]
         return report
 
     def pytest_runtest_logreport(self, report: Any) -> None:
@@ -239,11 +307,46 @@ class _SessionHooks:
                 state.summary.unused_fail = settings.unused == "fail"
                 if unused and settings.unused == "fail" and session.exitstatus == 0:
                     session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        state.summary.write_json()
+        if state.summary.write_json():
+            _mark_root(state.dump_root, (getattr(state.summary, "json_path", None),
+                                         getattr(state.summary, "index_path", None)))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.state.is_worker:
             self.state.summary.write_terminal(terminalreporter)
+
+
+def plain(obj: Any) -> Any:
+    """``obj`` as plain Python (what pytest-xdist's serializer sends): numpy scalars (``np.str_``,
+    ``np.float32``, ``np.bool_``...) and arrays as their values, tuples and sets as lists, dict
+    keys as strings, anything else unknown as its ``str``."""
+    if obj is None or type(obj) in (bool, int, float, str):
+        return obj
+    if isinstance(obj, dict):
+        return {str(plain(k)): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = sorted(obj, key=str) if isinstance(obj, (set, frozenset)) else obj
+        return [plain(v) for v in items]
+    if isinstance(obj, bool):
+        return bool(obj)
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj)
+    if isinstance(obj, str):
+        return str(obj)
+    item = getattr(obj, "item", None)  # numpy scalars and 0-d arrays, torch scalars
+    tolist = getattr(obj, "tolist", None)
+    try:
+        if callable(tolist) and getattr(obj, "ndim", 0):
+            return plain(tolist())
+        if callable(item):
+            value = item()
+            if value is not obj and type(value) in (bool, int, float, str, complex, bytes):
+                return plain(value) if not isinstance(value, (complex, bytes)) else str(value)
+    except Exception:  # noqa: BLE001 - a value that cannot convert itself is shown as text
+        pass
+    return str(obj)
 
 
 def _fail_unasserted(item: Any, report: Any) -> None:

@@ -191,8 +191,15 @@ class PtdbgDump:
         return self._device(self.settings().device, "device under test")
 
     def _test_dir(self, call: int) -> str:
+        __tracebackhide__ = True
         path = os.path.join(self._state.test_root(), golden.node_relpath(self._node.nodeid, call))
-        if os.path.exists(path):
+        if os.path.lexists(path):
+            ours = not os.path.islink(path) and os.path.isdir(path) and \
+                os.path.isfile(os.path.join(path, self._mark_name))
+            if not ours:
+                pytest.fail(f"ptdbg: {path} exists and was not written by pytest-ptdbg (no "
+                            f"{self._mark_name} marker in it); it is left alone: choose another "
+                            "--ptdbg-dump-dir or move it", pytrace=False)
             shutil.rmtree(path)
         os.makedirs(path)
         with open(os.path.join(path, self._mark_name), "w", encoding="utf-8") as f:

@@ -141,16 +141,78 @@ def render(head: Dict[str, Any], lines: Iterable[Dict[str, Any]]) -> str:
     return "".join(encode(x) + "\n" for x in [head, *lines])
 
 
+class _Duplicate(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: List[Any]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(f"member {key!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (the golden writes NaN/Inf as strings: \"nan\", \"inf\")")
+
+
+def _stat_problem(value: Any) -> str:
+    """Why ``value`` is not a golden statistic ("" when it is one)."""
+    if isinstance(value, str):
+        return "" if value in ("nan", "inf", "-inf") else f"{value!r} is not a number"
+    if value is None or isinstance(value, bool):  # a bool tensor's statistics; none recorded
+        return ""
+    if not isinstance(value, (int, float)):
+        return f"{json.dumps(value)[:40]} is not a number"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is out of range (NaN/Inf are written as strings)"
+    return ""
+
+
+def _line_problem(obj: Dict[str, Any]) -> str:
+    """What is wrong with one call or tensor line ("" when nothing)."""
+    if not isinstance(obj.get("k"), str) or not ("call" in obj or isinstance(obj.get("t"), str)):
+        return "a golden line needs 'k' and 'call' or 't'"
+    if "t" not in obj:
+        return "" if obj.get("call") is None or isinstance(obj.get("call"), dict) else \
+            "'call' must be an object or null"
+    if not (isinstance(obj.get("stats"), list) and isinstance(obj.get("shape"), list)):
+        return "a tensor line needs 'stats' and 'shape' lists"
+    if not isinstance(obj.get("dtype", ""), str):
+        return "'dtype' must be a string"
+    if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in obj["shape"]):
+        return f"'shape' {json.dumps(obj['shape'])[:60]} is not a list of sizes"
+    for i, value in enumerate(obj["stats"]):
+        why = _stat_problem(value)
+        if why:
+            return f"statistic {i} of {obj['t']}: {why}"
+    nonfinite = obj.get("nonfinite")
+    if nonfinite is not None and not (isinstance(nonfinite, list) and len(nonfinite) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in nonfinite)):
+        return "'nonfinite' must be two counts [nan, inf]"
+    return ""
+
+
 def parse(text: str, path: str) -> Golden:
-    """A golden's text; GoldenError names ``path:line`` for anything it cannot use."""
-    rows = text.splitlines()
+    """A golden's text; GoldenError names ``path:line`` for anything it cannot use: a line that is
+    not one JSON object, a member given twice, a record given twice, a statistic that is not a
+    number (NaN/Inf only as the strings the golden writes)."""
+    # lines end at "\n" only: a module name may hold U+2028, U+2029 or U+0085, which
+    # str.splitlines() would also split at (json.dumps keeps them raw with ensure_ascii=False)
+    rows = text.split("\n")
+    if rows and rows[-1] == "":
+        rows.pop()
     if not rows:
         raise GoldenError(f"{path}: empty golden file")
     out: List[Dict[str, Any]] = []
     for n, row in enumerate(rows, 1):
         try:
-            obj = json.loads(row)
-        except ValueError as exc:
+            obj = json.loads(row, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        except _Duplicate as exc:
+            raise GoldenError(f"{path}:{n}: corrupt golden: {exc}") from None
+        except (ValueError, RecursionError) as exc:
             raise GoldenError(f"{path}:{n}: not a JSON line ({exc})") from None
         if not isinstance(obj, dict):
             raise GoldenError(f"{path}:{n}: expected a JSON object")
@@ -159,11 +221,17 @@ def parse(text: str, path: str) -> Golden:
     if head.get("format") != FORMAT or head.get("version") != VERSION or "nodeid" not in head:
         raise GoldenError(f"{path}:1: not a pytest-ptdbg golden header (format {FORMAT!r}, "
                           f"version {VERSION}, nodeid)")
+    seen: Dict[Any, int] = {}
     for n, obj in enumerate(out[1:], 2):
-        if not isinstance(obj.get("k"), str) or not ("call" in obj or isinstance(obj.get("t"), str)):
-            raise GoldenError(f"{path}:{n}: a golden line needs 'k' and 'call' or 't'")
-        if "t" in obj and not (isinstance(obj.get("stats"), list) and isinstance(obj.get("shape"), list)):
-            raise GoldenError(f"{path}:{n}: a tensor line needs 'stats' and 'shape' lists")
+        why = _line_problem(obj)
+        if why:
+            raise GoldenError(f"{path}:{n}: {why}")
+        ident = (obj["k"], obj.get("t"))
+        if ident in seen:
+            what = f"tensor {obj['t']} of {obj['k']}" if "t" in obj else f"call {obj['k']}"
+            raise GoldenError(f"{path}:{n}: corrupt golden: {what} is recorded twice (first at "
+                              f"line {seen[ident]})")
+        seen[ident] = n
     return Golden(path, head, out[1:])
 
 

@@ -4,7 +4,9 @@
   the golden's lines (what ``golden.render`` writes);
 - :func:`check`: the golden-specific checks of a fresh run against a golden: call structure
   (calls missing or new), non-tensor arguments, tensor dtypes and shapes, NaN/Inf counts, and
-  statistics drift beyond what the tensor's dtype explains (:data:`DRIFT_TOL`); each difference
+  statistics drift beyond what the tensor's dtype explains (:data:`DRIFT_TOL`) and beyond the
+  rounding level of the data the record was computed from (:func:`noise_floor`: a
+  mathematically-zero bias gradient is rounding noise, judged at its inputs' scale); each difference
   keeps both lines for a diff, and the culprit is the first difference in execution order, or,
   when only statistics drift, the first API whose outputs drift while its inputs do not;
 - :func:`write_reference_dump`: the golden as a statistics-only ptdbg dump (``.pkl`` written with
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from pytest_ptdbg.format import manifest, records
+from pytest_ptdbg.judge.budget import SENTINEL, unit_roundoff
 from pytest_ptdbg.plugin.golden import Golden, encode, round_stat, stat_value
 
 #: statistics drift (relative to the tensor's range; the L2 norm relative to itself) allowed per
@@ -223,6 +226,163 @@ def drift(g: Sequence[Any], f: Sequence[Any]) -> float:
     return worst
 
 
+# ------------------------------------------------------------------------------ rounding noise
+
+#: the noise floor of a record, in roundings (unit roundoffs) at the scale of its call's data:
+#: what summation order and kernels of another CPU move a value by (measured: a conv bias
+#: gradient that a BatchNorm makes mathematically zero is up to ~5 roundings of its
+#: reduction's sum on one CPU, summed in another order)
+NOISE_UNITS = 16.0
+#: the floating dtypes that round (python numbers, integer and bool tensors get no floor)
+_ROUNDED = ("float64", "float32", "float16", "bfloat16")
+#: division-like APIs: (numerator input, denominator input); a quotient's rounding level is the
+#: numerator's divided by the smallest denominator (Adam's ``addcdiv(p, m, sqrt(v) + eps)``
+#: divides rounding noise of a zero gradient by ``eps``)
+_DIVISIONS = {"div": ("input.0", "input.1"), "div_": ("input.0", "input.1"),
+              "true_divide": ("input.0", "input.1"), "true_divide_": ("input.0", "input.1"),
+              "__truediv__": ("input.0", "input.1"), "__itruediv__": ("input.0", "input.1"),
+              "__rtruediv__": ("input.1", "input.0"),
+              "addcdiv": ("input.1", "input.2"), "addcdiv_": ("input.1", "input.2")}
+#: product APIs: their factors; a product's rounding level is the factors' (a product of two
+#: small tensors is small, and exact to a rounding of itself)
+_PRODUCTS = {"mul": ("input.0", "input.1"), "mul_": ("input.0", "input.1"),
+             "multiply": ("input.0", "input.1"), "__mul__": ("input.0", "input.1"),
+             "__rmul__": ("input.0", "input.1"), "__imul__": ("input.0", "input.1"),
+             "addcmul": ("input.1", "input.2"), "addcmul_": ("input.1", "input.2")}
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for x in shape if isinstance(shape, list) else []:
+        n *= int(x) if isinstance(x, int) and x > 0 else 1
+    return n
+
+
+def _finite_stats(line: Dict[str, Any]) -> Optional[List[float]]:
+    """max, min, mean, l2 of a floating tensor record whose values are data (finite, below
+    the ``finfo.min`` masks' magnitude); None for anything else."""
+    if str(line.get("dtype")) not in _ROUNDED:
+        return None
+    try:
+        v = [stat_value(x) for x in (line.get("stats") or [])]
+    except (TypeError, ValueError):
+        return None
+    if len(v) < 4 or not all(math.isfinite(x) for x in v) or line.get("nonfinite"):
+        return None
+    if max(abs(v[0]), abs(v[1])) >= SENTINEL:
+        return None
+    return v
+
+
+def _rms(line: Dict[str, Any]) -> float:
+    v = _finite_stats(line)
+    return 0.0 if v is None else v[3] / math.sqrt(max(_numel(line.get("shape")), 1))
+
+
+def noise_floor(tensors: Dict[str, Dict[str, Any]], key: str, t: str,
+                call: Optional[Dict[str, Any]] = None) -> float:
+    """The absolute drift of one element of record ``t`` of call ``key`` that rounding at the
+    scale of its call's data explains (0.0: none known; the relative tolerance alone judges).
+    ``tensors``: the call's tensor lines by ``t``; ``call``: its call line.
+
+    An output of a call is computed from the call's inputs in the same direction: a result
+    is never more exact than ``NOISE_UNITS`` roundings at the smallest RMS among its floating
+    inputs, times the reduction length (input elements per output element, at least 1): a
+    mathematically-zero bias gradient (a BatchNorm after the conv) is the rounding noise of a
+    sum of 512 gradient elements. A quotient's (``div``, ``addcdiv``) rounding level is the
+    numerator's largest value over the smallest denominator, when the denominator keeps one
+    sign. An input of a call is judged at the scale of the call's other tensors: a change
+    below their rounding level is not visible to the call (its producer judged it already).
+    """
+    line = tensors.get(t)
+    if line is None or _finite_stats(line) is None:
+        return 0.0
+    u = unit_roundoff(str(line.get("dtype")))
+    direction, _, rest = t.partition(".")
+    peers = {pt: pl for pt, pl in tensors.items() if pt != t and pt.startswith(direction + ".")}
+    if rest.startswith("input"):
+        scale = max([_rms(pl) for pl in peers.values()] or [0.0])
+        return NOISE_UNITS * u * scale
+    inputs = {pt: pl for pt, pl in peers.items() if pt.startswith(direction + ".input")
+              and _finite_stats(pl) is not None}
+    scales = [s for s in (_rms(pl) for pl in inputs.values()) if s > 0]
+    n_out = max(_numel(line.get("shape")), 1)
+    reduction = max([_numel(pl.get("shape")) / n_out for pl in inputs.values()] + [1.0])
+    floor = NOISE_UNITS * u * reduction * min(scales) if scales else 0.0
+    if direction != "forward":
+        return floor
+    api = key.rsplit("/", 1)[-1].split("#")[0].split("_", 1)[-1]
+    value = _value_argument(call) if api.startswith(("addcmul", "addcdiv")) else 1.0
+    if api in _PRODUCTS:
+        a, b = (_operand(tensors.get(f"forward.{x}")) for x in _PRODUCTS[api])
+        if a is not None and b is not None:
+            addend = _operand(tensors.get("forward.input.0")) if api.startswith(
+                "addcmul") else [0.0, 0.0]
+            if addend is not None:
+                floor = NOISE_UNITS * u * (max(abs(a[0]), abs(a[1])) * max(abs(b[0]), abs(b[1]))
+                                           * value + max(abs(addend[0]), abs(addend[1])))
+    elif api in _DIVISIONS:
+        num, den = (_operand(tensors.get(f"forward.{x}")) for x in _DIVISIONS[api])
+        if num is not None and den is not None and (den[1] > 0 or den[0] < 0):
+            smallest = den[1] if den[1] > 0 else -den[0]
+            biggest = max(abs(num[0]), abs(num[1]))
+            floor = max(floor, NOISE_UNITS * u * value * biggest / smallest)
+    return floor
+
+
+def _operand(line: Optional[Dict[str, Any]]) -> Optional[List[float]]:
+    """max and min of a tensor operand (data only) or of a python number; None if unknown."""
+    if line is None:
+        return None
+    if str(line.get("dtype")) in ("float", "int"):
+        try:
+            v = [stat_value(x) for x in (line.get("stats") or [])][:2]
+        except (TypeError, ValueError):
+            return None
+        return v if len(v) == 2 and all(math.isfinite(x) for x in v) else None
+    v = _finite_stats(line)
+    return None if v is None else v[:2]
+
+
+def _value_argument(call: Optional[Dict[str, Any]]) -> float:
+    """``|value|`` of an ``addcmul``/``addcdiv`` call line (1 when not given)."""
+    spec = call.get("call") if isinstance(call, dict) else None
+    raw = (spec.get("kwargs") or {}).get("value") if isinstance(spec, dict) else None
+    return abs(float(raw)) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else 1.0
+
+
+def _by_call(tensors: Dict[Tuple[str, str], Dict[str, Any]]) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    out: Dict[str, Dict[str, Dict[str, Any]]] = {}
+    for (key, t), line in tensors.items():
+        out.setdefault(key, {})[t] = line
+    return out
+
+
+def _fingerprint(golden_line: Dict[str, Any], fresh_line: Dict[str, Any]) -> Tuple[Any, ...]:
+    """What identifies one tensor across calls: dtype, shape and statistics on both sides."""
+    return tuple(json.dumps([x.get("dtype"), x.get("shape"), x.get("stats")], sort_keys=True)
+                 for x in (golden_line, fresh_line))
+
+
+def within_floor(g: Sequence[Any], f: Sequence[Any], tol: float, floor: float, n: int) -> bool:
+    """Every statistic's drift within the relative tolerance or the absolute noise ``floor``
+    of one element (max, min, mean; the L2 norm: ``floor`` x sqrt(n))."""
+    try:
+        gv = [stat_value(v) for v in g]
+        fv = [stat_value(v) for v in f]
+    except (TypeError, ValueError):
+        return False
+    if len(gv) != len(fv) or not all(math.isfinite(x) for x in gv + fv):
+        return False
+    scale = max([abs(v) for v in gv[:2] + fv[:2]] or [0.0])
+    for i, (a, b) in enumerate(zip(gv, fv)):
+        allowed = (max(tol * abs(a), floor * math.sqrt(max(n, 1))) if i == 3
+                   else max(tol * scale, floor))
+        if abs(a - b) > allowed:
+            return False
+    return True
+
+
 def _index(lines: List[Dict[str, Any]]) -> Tuple[Dict[str, Dict[str, Any]], Dict[Tuple[str, str], Dict[str, Any]], List[str]]:
     calls: Dict[str, Dict[str, Any]] = {}
     tensors: Dict[Tuple[str, str], Dict[str, Any]] = {}
@@ -285,6 +445,20 @@ def check(golden: Golden, fresh: FreshDump, ignore: Sequence[str] = (), only: Se
         if not same_arguments((gc or {}).get("call"), (fc or {}).get("call")):
             diffs.append(Difference("arguments", key, "non-tensor arguments changed", gc, fc, order))
     changed_args = {d.key for d in diffs if d.kind == "arguments"}
+
+    g_by_call, f_by_call = _by_call(g_tensors), _by_call(f_tensors)
+
+    def floor_of(key: str, t: str) -> float:
+        return max(noise_floor(g_by_call.get(key, {}), key, t, g_calls.get(key)),
+                   noise_floor(f_by_call.get(key, {}), key, t, f_calls.get(key)))
+
+    # outputs by what they hold in the golden and in this run: an input with the same values
+    # on both sides is that output, passed on
+    produced: Dict[Tuple[Any, ...], List[Tuple[str, str]]] = {}
+    for (key, t), fl in f_tensors.items():
+        gl = g_tensors.get((key, t))
+        if gl is not None and ".output" in t:
+            produced.setdefault(_fingerprint(gl, fl), []).append((key, t))
     for (key, t), fl in f_tensors.items():
         if skipped(key) or key not in g_order:
             continue
@@ -304,8 +478,17 @@ def check(golden: Golden, fresh: FreshDump, ignore: Sequence[str] = (), only: Se
         tol = DRIFT_TOL.get(str(fl.get("dtype")), 0.0)
         d = drift(gl.get("stats") or [], fl.get("stats") or [])
         if d > tol:
+            floor = floor_of(key, t)
+            if ".input" in t:  # the tensor as its producer made it: that call's rounding level
+                for pk, pt in produced.get(_fingerprint(gl, fl), ()):
+                    floor = max(floor, floor_of(pk, pt))
+            if floor and within_floor(gl.get("stats") or [], fl.get("stats") or [], tol, floor,
+                                      _numel(fl.get("shape"))):
+                continue
+            floor_text = f", or {floor:.3g} at its call's rounding level" if floor else ""
             diffs.append(Difference("statistics", key, f"{t} drifted {d:.3g} (allowed "
-                                    f"{tol:g} for {fl.get('dtype')})", gl, fl, order, d))
+                                    f"{tol:g} for {fl.get('dtype')}{floor_text})", gl, fl,
+                                    order, d))
     for (key, t), gl in g_tensors.items():
         if skipped(key) or key not in f_order or (key, t) in f_tensors:
             continue

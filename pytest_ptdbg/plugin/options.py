@@ -239,6 +239,23 @@ def _resolve_path(value: Optional[str], base: str) -> Optional[str]:
     return os.path.normpath(value if os.path.isabs(value) else os.path.join(base, value))
 
 
+def _check_directory(path: Optional[str], name: str, given: Any) -> None:
+    """A directory option names a directory, or a path that can become one (its nearest
+    existing ancestor is a directory); ValueError (a usage error) otherwise."""
+    if not path:
+        return
+    probe = path
+    while not os.path.lexists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return
+        probe = parent
+    if not os.path.isdir(probe):
+        what = "is not a directory" if probe == path else f"lies under {probe}, which is not a directory"
+        raise ValueError(f"{name}={given!s}: {path} {what}; give a directory (it is created when "
+                         "missing)")
+
+
 def session_settings(config: Any) -> Tuple[Settings, Optional[str]]:
     """Settings from the command line and the ini file (command line wins), validated, and the
     dump directory option (None when not given).
@@ -263,6 +280,8 @@ def session_settings(config: Any) -> Tuple[Settings, Optional[str]]:
             value = GOLDEN_OFF
         elif opt.kind == "path":
             value = _resolve_path(value, base)
+            _check_directory(value, flag(opt.name) if where == "cli" else ini_name(opt.name), cli
+                             if where == "cli" else ini)
         values[opt.name] = value
     thresholds: Dict[str, float] = {}
     for name in THRESHOLDS:

@@ -342,3 +342,29 @@ def test_default_dump_dir_is_the_cache_with_one_folder_per_session(tester):
     index = (root / "index.html").read_text()
     assert "test_r.py::test_x" in index and f'href="{runs[-1]}/' in index
     assert os.path.isfile(doc["tests"][0]["html"])
+
+
+def test_directory_options_naming_a_file_are_usage_errors(tester, tmp_path, monkeypatch):
+    """``--ptdbg-golden=/dev/null`` (or a path under a file) is a one-line usage error at start,
+    not a NotADirectoryError traceback in the test (issue 18, item 2)."""
+    tester.makepyfile(test_d="""
+        from netlib import make
+
+        def test_x(ptdbg_dump):
+            model, batch = make()
+            ptdbg_dump(model, batch).assert_precision()
+    """)
+    afile = tmp_path / "a_file.txt"
+    afile.write_text("x")
+    for args, shown in ((["--ptdbg-golden=/dev/null"], "--ptdbg-golden=/dev/null: /dev/null is not a directory"),
+                        ([f"--ptdbg-golden={afile}/sub"], f"*lies under {afile}, which is not a directory*"),
+                        ([f"--ptdbg-dump-dir={afile}"], f"--ptdbg-dump-dir={afile}: {afile} is not a directory*")):
+        res = tester.runpytest(*args)
+        assert res.ret == pytest.ExitCode.USAGE_ERROR, res.stdout.str()
+        res.stderr.fnmatch_lines([f"ERROR: *{shown}*"])
+        assert "Traceback" not in res.stderr.str() + res.stdout.str()
+    tester.makeini("[pytest]\nptdbg_golden = /dev/null\n")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "")    # the tester's --ptdbg-golden=none would win
+    res = tester.runpytest()
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    res.stderr.fnmatch_lines(["ERROR: *ptdbg_golden=/dev/null: /dev/null is not a directory*"])

@@ -99,3 +99,60 @@ def test_xdist_goldens_counted_and_unused_ones_aggregated(pytester, monkeypatch)
                               "0 missing, 1 unused*"])
     doc = json.loads((pytester.path / "dumps" / "ptdbg_summary.json").read_text())
     assert [s["nodeid"] for s in doc["unused_goldens"]] == ["test_g.py::test_gone"]
+
+
+def test_plain_converts_numpy_scalars_for_the_wire():
+    import execnet
+    import numpy as np
+
+    from pytest_ptdbg.plugin import plain
+
+    entry = {"first_suspect": {"api": np.str_("Functional_linear_0"), "direction": np.str_("f")},
+             "suspects": [np.str_("a")], "worst": {"rel": np.float32(0.5), "n": np.int64(3)},
+             "ok": np.bool_(True), "arr": np.arange(3), "t": (1, np.float64(2.0)), 5: None}
+    out = plain(entry)
+    assert out == {"first_suspect": {"api": "Functional_linear_0", "direction": "f"},
+                   "suspects": ["a"], "worst": {"rel": 0.5, "n": 3}, "ok": True,
+                   "arr": [0, 1, 2], "t": [1, 2.0], "5": None}
+    assert type(out["first_suspect"]["api"]) is str and type(out["worst"]["n"]) is int
+    assert type(out["ok"]) is bool and type(out["worst"]["rel"]) is float
+    execnet.dumps(out)  # what xdist's workers send: raises DumpError for numpy types
+    with pytest.raises(execnet.DataFormatError):
+        execnet.dumps(entry["first_suspect"])
+
+
+CHANGED_MODEL = """
+import os
+
+import pytest
+import torch
+
+import example_models as em
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_step(ptdbg_dump, seed):
+    model, batch = em.mlp(seed=seed)
+    with torch.no_grad():   # the model change: its first weight 1% larger
+        next(model.parameters()).mul_(float(os.environ.get("SCALE", "1")))
+    ptdbg_dump(model, batch, step=em.train_step).assert_precision()
+"""
+
+
+def test_xdist_failing_golden_is_reported_not_an_internal_error(pytester, monkeypatch):
+    """A model change under ``-n 2``: every golden test fails and is reported, exit 1, as
+    serially (the advisor's suspects in the workers' summary entries are numpy strings:
+    INTERNALERROR ... DumpError, exit 3, 0 tests reported)."""
+    monkeypatch.delenv("CI", raising=False)
+    pytester.makepyfile(test_g=CHANGED_MODEL)
+    args = ["-p", "no:cacheprovider", f"--ptdbg-dump-dir={pytester.path / 'dumps'}"]
+    pytester.runpytest_subprocess("-p", "no:xdist", *args, "--ptdbg-update").assert_outcomes(
+        passed=2)
+    monkeypatch.setenv("SCALE", "1.01")
+    res = pytester.runpytest_subprocess("-n", "2", *args)
+    assert "INTERNALERROR" not in res.stdout.str() + res.stderr.str()
+    res.assert_outcomes(failed=2)
+    assert res.ret == pytest.ExitCode.TESTS_FAILED
+    doc = json.loads((pytester.path / "dumps" / "ptdbg_summary.json").read_text())
+    assert sorted(t["verdict"] for t in doc["tests"]) == ["failed"] * 2
+    assert all(t["first_suspect"] and t["first_suspect"]["api"] for t in doc["tests"])
