@@ -1,6 +1,8 @@
 """The plugin under pytest-xdist (``-n 2``): per-worker dump folders, complete summary on the
 controller. Runs in a subprocess (xdist starts its own worker processes)."""
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -144,6 +146,8 @@ def test_xdist_failing_golden_is_reported_not_an_internal_error(pytester, monkey
     serially (the advisor's suspects in the workers' summary entries are numpy strings:
     INTERNALERROR ... DumpError, exit 3, 0 tests reported)."""
     monkeypatch.delenv("CI", raising=False)
+    repo = str(Path(__file__).resolve().parents[2])   # the inner sessions import example_models
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
     pytester.makepyfile(test_g=CHANGED_MODEL)
     args = ["-p", "no:cacheprovider", f"--ptdbg-dump-dir={pytester.path / 'dumps'}"]
     pytester.runpytest_subprocess("-p", "no:xdist", *args, "--ptdbg-update").assert_outcomes(
