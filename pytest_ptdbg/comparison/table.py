@@ -18,7 +18,8 @@ Non-tensor arguments of paired calls are argument rows (``comparison/arguments.p
 ``_code_path``). docs/DESIGN.md lists the columns.
 
 Tensor pairs are compared by a small thread pool, or by worker processes for large compares
-(:data:`PROCESS_MIN_BYTES`, :data:`PROCESS_MIN_PAIRS`: numpy holds the GIL in its dot products);
+(``runtime/pool.py``: they never import the caller's ``__main__``;
+:data:`PROCESS_MIN_BYTES`, :data:`PROCESS_MIN_PAIRS`: numpy holds the GIL in its dot products);
 each pair is streamed from disk chunk by chunk, so memory does not grow with the tensors
 (``workers``, default :data:`WORKERS` as it is when the table is built).
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 import math
 import os
 from operator import itemgetter
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -50,6 +51,7 @@ from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
 from pytest_ptdbg.format.gc_pause import paused_gc
 from pytest_ptdbg.format.progress import Progress
+from pytest_ptdbg.runtime import pool
 
 
 #: worker threads (or processes, for large compares) comparing tensor pairs
@@ -652,16 +654,6 @@ def _chunks(unique: list, nbytes: int, workers: int) -> List[Tuple[int, int]]:
     return out
 
 
-def worker_context():
-    """``fork`` where it is safe and fast (no torch threads in this process), else ``spawn``."""
-    import multiprocessing as mp
-    import sys
-
-    if "fork" in mp.get_all_start_methods() and "torch" not in sys.modules:
-        return mp.get_context("fork")
-    return mp.get_context("spawn")
-
-
 def _run_jobs(data: Dict[str, list], jobs, rule, th, problems, progress, workers) -> None:
     """Compare the tensor pairs of ``jobs`` (``(row, nt, bt, tol)``) and fill their rows in the
     column lists ``data`` as the results arrive (none kept: a 160 000-pair compare would hold
@@ -710,19 +702,14 @@ def _run_jobs(data: Dict[str, list], jobs, rule, th, problems, progress, workers
             _fill_metrics(r, m, nt, bt, rule, th)
 
     if workers > 1 and (nbytes >= PROCESS_MIN_BYTES or total >= PROCESS_MIN_PAIRS):
+        # worker processes of this package only (runtime/pool.py); what they cannot do is done here
         chunks = _chunks(unique, nbytes, workers)
-        try:
-            ex = ProcessPoolExecutor(max_workers=workers, mp_context=worker_context())
-        except (OSError, ValueError):   # no processes here (a sandbox): threads
-            ex = None
-        if ex is not None:
-            specs = ([_job_spec(*unique[i][1:]) for i in range(a, b)] for a, b in chunks)
-            with ex:
-                for lo, res in zip([c[0] for c in chunks], ex.map(_compare_specs, specs)):
-                    for k, one in enumerate(res):
-                        apply(lo + k, one)
-                    done += len(res)
-                    tell(done)
+        specs = [[_job_spec(*unique[i][1:]) for i in range(a, b)] for a, b in chunks]
+        for c, res in pool.run_parallel(_compare_specs, specs, workers):
+            for k, one in enumerate(res):
+                apply(chunks[c][0] + k, one)
+            done += len(res)
+            tell(done)
     if done < total:
         with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
             for k, res in enumerate(ex.map(work, unique)):
