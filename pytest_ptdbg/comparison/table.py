@@ -35,10 +35,9 @@ import math
 import os
 from operator import itemgetter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
-import pandas as pd
 
 from pytest_ptdbg.comparison import arguments as A
 from pytest_ptdbg.comparison import code_path as CP
@@ -52,6 +51,9 @@ from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
 from pytest_ptdbg.format.gc_pause import paused_gc
 from pytest_ptdbg.format.progress import Progress
 from pytest_ptdbg.runtime import pool
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 
 #: worker threads (or processes, for large compares) comparing tensor pairs
@@ -419,6 +421,8 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
     if deferred:
         _summary_rows(data, deferred, rule, th)
     deferred = []
+    import pandas as pd   # here, not at import: worker processes import this module (runtime/pool.py)
+
     # from columns (pandas builds a frame from a list of dicts cell by cell), each column of one
     # Python type as its numpy array (what pandas would infer from the list, without inferring)
     df = pd.DataFrame({c: _typed(data.pop(c)) for c in cols}, columns=cols) if n_rows \
@@ -705,7 +709,7 @@ def _run_jobs(data: Dict[str, list], jobs, rule, th, problems, progress, workers
         # worker processes of this package only (runtime/pool.py); what they cannot do is done here
         chunks = _chunks(unique, nbytes, workers)
         specs = [[_job_spec(*unique[i][1:]) for i in range(a, b)] for a, b in chunks]
-        for c, res in pool.run_parallel(_compare_specs, specs, workers):
+        for c, res in pool.run_parallel(_compare_specs, specs, workers, pure=True):
             for k, one in enumerate(res):
                 apply(chunks[c][0] + k, one)
             done += len(res)

@@ -25,7 +25,7 @@ import struct
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 __all__ = ["run_parallel", "in_worker", "LAST_RUN"]
 
@@ -59,7 +59,8 @@ def in_worker() -> bool:
     return _IN_WORKER
 
 
-def run_parallel(func: Callable[[Any], Any], items: Sequence[Any], workers: int) -> Iterator[Tuple[int, Any]]:
+def run_parallel(func: Callable[[Any], Any], items: Sequence[Any], workers: int, *,
+                 pure: bool = False) -> Iterator[Tuple[int, Any]]:
     """Yield ``(index, func(items[index]))`` for every item, in the order they finish.
 
     ``func`` must be a module-level function of this package (it is looked up by name in the
@@ -67,6 +68,9 @@ def run_parallel(func: Callable[[Any], Any], items: Sequence[Any], workers: int)
     (:data:`CALLER_SHARE`) take items one at a time, so the workers' start-up is never waited
     for; what the workers do not deliver (see the module docstring) is computed here, so every
     index is yielded exactly once and every value is what ``func`` returns in this process.
+    ``pure``: ``func`` only computes (writes no file), so once every item is taken this process
+    also computes those the workers still hold and keeps the first answer: a slow or starved
+    worker never makes the caller wait (its late answer is dropped, the worker killed).
     """
     mod, name = getattr(func, "__module__", ""), getattr(func, "__qualname__", "")
     if not (mod == "pytest_ptdbg" or mod.startswith("pytest_ptdbg.")) or "." in name or \
@@ -82,60 +86,68 @@ def run_parallel(func: Callable[[Any], Any], items: Sequence[Any], workers: int)
                 procs.append(p)
     stats["started"] = len(procs)
     lock = threading.Lock()
-    state = {"next": 0, "stop": False, "busy": 0}   # busy: items the workers hold
+    state = {"next": 0, "stop": False}
+    held: Dict[int, int] = {}   # item -> the worker that has it (until its answer is queued)
     results: "queue.Queue[Tuple[str, int, Any]]" = queue.Queue()
 
-    def take(worker: bool) -> Optional[int]:
+    def take(worker: Optional[int]) -> Optional[int]:
         with lock:
             if state["stop"] or state["next"] >= n:
                 return None
             state["next"] += 1
-            state["busy"] += worker
+            if worker is not None:
+                held[state["next"] - 1] = worker
             return state["next"] - 1
 
     def report(kind: str, i: int, value: Any = None) -> None:   # an item delivered or left, or "end"
         results.put((kind, i, value))
         if kind != "end":
             with lock:
-                state["busy"] -= 1
+                held.pop(i, None)
 
-    threads = [threading.Thread(target=_drive, args=(p, mod, name, items, take, report), daemon=True,
-                                name="ptdbg-pool") for p in procs]
+    threads = [threading.Thread(target=_drive, args=(p, w, mod, name, items, take, report), daemon=True,
+                                name="ptdbg-pool") for w, p in enumerate(procs)]
+    yielded = bytearray(n)
+    count = 0
     mine: List[int] = []   # items a worker took and did not deliver: computed here
     running = len(threads)
     try:
         for t in threads:
             t.start()
-        while True:
+        while count < n:
             try:   # what the workers finished first
                 msg = results.get_nowait()
             except queue.Empty:
-                i = mine.pop(0) if mine else (take(False) if CALLER_SHARE or not running else None)
+                while mine and yielded[mine[0]]:
+                    mine.pop(0)
+                i = mine.pop(0) if mine else (take(None) if CALLER_SHARE or not running else None)
+                if i is None and pure and CALLER_SHARE:
+                    with lock:
+                        spare = [j for j in held if not yielded[j]]
+                    i = min(spare) if spare else None
                 if i is not None:
+                    value = _here(func, items[i])
                     stats["here"] += 1
-                    yield i, _here(func, items[i])
+                    yielded[i], count = 1, count + 1
+                    yield i, value
                     continue
-                with lock:
-                    idle = state["busy"] == 0 and state["next"] >= n
-                try:   # all taken and none held: what the workers delivered is queued (put, then unheld)
-                    msg = results.get(timeout=0 if idle else None)
-                except queue.Empty:
-                    break
+                msg = results.get()   # the rest is with the workers: each item held is answered
             kind, i, value = msg
-            if kind == "ok":
+            if kind == "ok" and not yielded[i]:
                 stats["by_workers"] += 1
+                yielded[i], count = 1, count + 1
                 yield i, value
-            elif kind == "left":
+            elif kind == "left" and not yielded[i]:
                 mine.append(i)
-            else:
+            elif kind == "end":
                 running -= 1
-    finally:
+    finally:   # idle workers end on their own (their threads close them); busy or starting ones are killed
         with lock:
             state["stop"] = True
-        for p in procs:
-            _close(p)
-        for t in threads:
-            t.join(timeout=5)
+            busy = set(held.values())
+        for w, p in enumerate(procs):
+            if w in busy or not getattr(p, "ptdbg_ready", False):
+                _kill(p)
         LAST_RUN.clear()   # after any nested run of the items computed here
         LAST_RUN.update(stats)
 
@@ -164,26 +176,32 @@ def _start() -> Optional[subprocess.Popen]:
         return None
 
 
+def _kill(p: subprocess.Popen) -> None:
+    try:
+        p.kill()
+    except OSError:
+        pass
+
+
 def _close(p: subprocess.Popen) -> None:
-    """End a worker: EOF on its stdin (an idle worker exits at once); one still starting, or busy
-    after a second (the caller gave up), is killed."""
+    """End a worker (from its thread): EOF on its stdin, killed if not gone after 5 s, reaped."""
     try:
         p.stdin.close()
     except OSError:
         pass
     try:
-        p.wait(timeout=1 if getattr(p, "ptdbg_ready", False) else 0)
+        p.wait(timeout=5)
     except subprocess.TimeoutExpired:
-        p.kill()
+        _kill(p)
         p.wait()
     try:
-        p.stdout.close()   # after the exit: a pool thread may still be reading it
+        p.stdout.close()
     except OSError:
         pass
 
 
-def _drive(p: subprocess.Popen, mod: str, name: str, items: Sequence[Any],
-           take: Callable[[bool], Optional[int]], report: Callable[..., None]) -> None:
+def _drive(p: subprocess.Popen, worker: int, mod: str, name: str, items: Sequence[Any],
+           take: Callable[[Optional[int]], Optional[int]], report: Callable[..., None]) -> None:
     """Feed one worker items until none are left or it fails; report each item it took."""
     i = None
 
@@ -198,11 +216,11 @@ def _drive(p: subprocess.Popen, mod: str, name: str, items: Sequence[Any],
         except _Lost:
             hello = None
         if hello != ("ready", _PKG_FILE):   # dead, hung, another interpreter or copy of the package
-            p.kill()
+            _kill(p)
             return
         p.ptdbg_ready = True
         while True:
-            i = take(True)
+            i = take(worker)
             if i is None:
                 return
             try:
@@ -225,6 +243,7 @@ def _drive(p: subprocess.Popen, mod: str, name: str, items: Sequence[Any],
             give("left")
     finally:
         report("end", -1)
+        _close(p)
 
 
 def _write(f, frame: bytes) -> None:

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pandas as pd
 import pytest
@@ -257,3 +258,27 @@ def test_compare_distributed_without_processes(ranks, tmp_path, monkeypatch):
                             stack_mode=True, replay_check=False)
     assert pool.LAST_RUN == {"started": 0, "by_workers": 0, "here": 2}
     assert {k: open(v.csv_path).read() for k, v in r.results.items()} == ref
+
+
+#: a worker that, from its first item on, answers only after 20 s (and marks that it holds one)
+SLOW = ("import sys, time\nsys.path.insert(0, sys.argv[1])\nfrom pytest_ptdbg.runtime import pool\n"
+        "orig = pool._write\n"
+        "def write(f, frame):\n    if b'ready' not in frame:\n        open(sys.argv[2], 'w').close()\n"
+        "        time.sleep(20)\n    orig(f, frame)\n"
+        "pool._write = write\npool._serve()\n")
+
+
+def test_a_pure_function_does_not_wait_for_a_slow_worker(monkeypatch, tmp_path):
+    """Once every item is taken, this process computes the ones a worker still holds too."""
+    marker = tmp_path / "holds_one"
+    monkeypatch.setattr(pool, "_command", lambda: [sys.executable, "-c", SLOW, pool._ROOT, str(marker)])
+    items = [[k] for k in range(40)]
+    got = []
+    for k, v in pool.run_parallel(config.validate_steps, items, 2, pure=True):
+        got.append((k, v))
+        for _ in range(600):   # pace this process until the worker holds an item
+            if marker.exists():
+                break
+            time.sleep(0.1)
+    assert marker.exists() and sorted(got) == [(k, [k]) for k in range(40)]
+    assert pool.LAST_RUN == {"started": 1, "by_workers": 0, "here": 40}
