@@ -614,8 +614,9 @@ def _typed(values: list):
 
 #: tensor pairs are compared by worker *processes* (numpy holds the GIL in its BLAS dot products
 #: and casts, so threads scale ~1.0-1.1x) when there is at least this much data or pairs to compare;
-#: smaller compares use threads (starting processes costs ~50 ms)
-PROCESS_MIN_BYTES = 32 << 20
+#: smaller compares use threads (a worker, a fresh interpreter importing numpy, costs ~0.35 s of CPU
+#: and 0.2-0.3 s before its first chunk: below ~0.5 GB this process is done first)
+PROCESS_MIN_BYTES = 512 << 20
 PROCESS_MIN_PAIRS = 4096
 
 

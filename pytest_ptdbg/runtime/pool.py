@@ -170,8 +170,12 @@ def _start() -> Optional[subprocess.Popen]:
     """A new worker process, or None where processes cannot be started here."""
     if not sys.executable:
         return None
+    # numpy's OpenBLAS threads cost ~0.1 s of CPU at import; the compare's dot products are sliced
+    # below OpenBLAS's threading threshold, so one thread computes them as in this process
+    env = dict(os.environ)
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
-        return subprocess.Popen(_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        return subprocess.Popen(_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env)
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
 

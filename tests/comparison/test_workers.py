@@ -3,8 +3,10 @@
 main module with side effects, never re-runs the caller's main module, falls back to this process
 when processes cannot start or die, and gives the same CSV as one worker.
 
-The dumps are the issue's: one step of an 8-layer 512-wide MLP (~19 MB of tensors per side, above the
-real 32 MiB threshold counted over both sides), torch imported in every compare process.
+The dumps are the issue's: one step of an 8-layer 512-wide MLP (~19 MB of tensors per side, above
+32 MiB counted over both sides, the threshold of the issue; the table's ``PROCESS_MIN_BYTES`` is set
+to it, so that its own threshold check is what starts the workers), torch imported in every compare
+process.
 """
 from __future__ import annotations
 
@@ -28,13 +30,17 @@ from pytest_ptdbg.runtime import config, pool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 P = "ptdbg_dump_v4.0/step0/rank0/api_stack_dump"
+#: the issue's threshold, set as PROCESS_MIN_BYTES wherever these dumps are compared with workers
+MIN_BYTES = 32 << 20
 
 #: the issue's script (guard-less: top-level code, no ``if __name__ == "__main__":``), with 1e-3
 #: on one weight of the NPU side so that the metrics are not all exact
 ISSUE_SCRIPT = """\
 import json, torch
 from pytest_ptdbg import PrecisionDebugger, compare
+from pytest_ptdbg.comparison import table
 from pytest_ptdbg.runtime import pool
+table.PROCESS_MIN_BYTES = 32 << 20   # the issue's threshold (the default is 512 MiB)
 for side in ("npu", "gpu"):
     torch.manual_seed(0)
     m = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)]); x = torch.randn(64, 512)
@@ -55,7 +61,9 @@ def _compare_script(d: str, out: str, prelude: str = "") -> str:
     return prelude + textwrap.dedent(f"""\
         import json, torch
         from pytest_ptdbg import compare
+        from pytest_ptdbg.comparison import table
         from pytest_ptdbg.runtime import pool
+        table.PROCESS_MIN_BYTES = {MIN_BYTES}
         pool.CALLER_SHARE = False   # the worker compares every chunk: its CSV is what is checked
         d, p = {d!r}, {P!r}
         r = compare({{"npu_pkl_path": f"{{d}}/npu_dump/{{p}}.pkl", "bench_pkl_path": f"{{d}}/gpu_dump/{{p}}.pkl",
@@ -113,7 +121,7 @@ def pair(tmp_path_factory):
     _dump_pair(d)
     n = reader.read_dump(f"{d}/npu_dump/{P}.pkl")
     nbytes = sum(T._pair_bytes(t, t) for a in n.apis for t in a.tensors if t.data_file)
-    assert nbytes >= T.PROCESS_MIN_BYTES   # the real threshold is what these compares pass
+    assert nbytes >= MIN_BYTES   # the threshold these compares pass
     return d, _one_worker_csv(d, os.path.join(d, "out_ref"), replay_check=False)
 
 
@@ -157,6 +165,7 @@ def _refuse(*a, **k):
 
 def test_processes_that_cannot_start_give_the_same_csv(pair, tmp_path, monkeypatch):
     d, ref = pair
+    monkeypatch.setattr(T, "PROCESS_MIN_BYTES", MIN_BYTES)
     monkeypatch.setattr(pool.subprocess, "Popen", _refuse)
     r = compare(_param(d), str(tmp_path), stack_mode=True, replay_check=False)
     assert pool.LAST_RUN["started"] == 0 and pool.LAST_RUN["here"] > 0
@@ -176,6 +185,7 @@ def test_workers_that_die_or_are_not_workers_give_the_same_table(pair, monkeypat
     d, _ = pair
     a, b = reader.read_dump(f"{d}/npu_dump/{P}.pkl"), reader.read_dump(f"{d}/gpu_dump/{P}.pkl")
     one = T.build_table(a, b, stack_mode=True, workers=1)
+    monkeypatch.setattr(T, "PROCESS_MIN_BYTES", MIN_BYTES)
     monkeypatch.setattr(pool, "_command", lambda: [sys.executable] + command + [pool._ROOT])
     monkeypatch.setattr(pool, "CALLER_SHARE", False)
     two = T.build_table(a, b, stack_mode=True, workers=3)
