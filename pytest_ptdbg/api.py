@@ -323,20 +323,11 @@ def _rank_results(todo: list, workers: int, log: bool):
         for job in todo:
             yield _compare_rank(job + (log,))
         return
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from pytest_ptdbg.runtime import pool
 
-    from pytest_ptdbg.comparison.table import worker_context
-
-    try:
-        ex = ProcessPoolExecutor(max_workers=workers, mp_context=worker_context())
-    except (OSError, ValueError):   # no worker processes here: one by one
-        for job in todo:
-            yield _compare_rank(job + (log,))
-        return
-    with ex:
-        futures = [ex.submit(_compare_rank, job + (False,)) for job in todo]
-        for f in as_completed(futures):
-            yield f.result()
+    # worker processes of this package only; a rank they cannot compare is compared here
+    for _, res in pool.run_parallel(_compare_rank, [job + (False,) for job in todo], workers):
+        yield res
 
 
 def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str,
@@ -351,7 +342,8 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
     ``distributed_summary_{stem}.txt``, all with the run's ``{timestamp}_{hex}`` stem where free,
     each file created exclusively. ``kwargs`` go to :func:`compare` (``stack_mode``, ``rule``,
     ``is_print_compare_log``, ...). Ranks are compared in parallel by ``workers`` processes
-    (default: the CPU count, at most 8; ``workers=1``: one by one in this process); each
+    (this one and ``workers - 1`` of ``runtime/pool.py``; default: the CPU count, at most 8;
+    ``workers=1``: one by one in this process); each
     finished rank prints one line with the log on, and a progress bar is drawn on a terminal.
     """
     npu_ranks = dict(reader.rank_dirs(npu_step_dir))

@@ -18,7 +18,8 @@ Non-tensor arguments of paired calls are argument rows (``comparison/arguments.p
 ``_code_path``). docs/DESIGN.md lists the columns.
 
 Tensor pairs are compared by a small thread pool, or by worker processes for large compares
-(:data:`PROCESS_MIN_BYTES`, :data:`PROCESS_MIN_PAIRS`: numpy holds the GIL in its dot products);
+(``runtime/pool.py``: they never import the caller's ``__main__``;
+:data:`PROCESS_MIN_BYTES`, :data:`PROCESS_MIN_PAIRS`: numpy holds the GIL in its dot products);
 each pair is streamed from disk chunk by chunk, so memory does not grow with the tensors
 (``workers``, default :data:`WORKERS` as it is when the table is built).
 
@@ -33,11 +34,10 @@ from __future__ import annotations
 import math
 import os
 from operator import itemgetter
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Callable, Dict, List, Optional, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
-import pandas as pd
 
 from pytest_ptdbg.comparison import arguments as A
 from pytest_ptdbg.comparison import code_path as CP
@@ -50,6 +50,10 @@ from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
 from pytest_ptdbg.format.gc_pause import paused_gc
 from pytest_ptdbg.format.progress import Progress
+from pytest_ptdbg.runtime import pool
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 
 #: worker threads (or processes, for large compares) comparing tensor pairs
@@ -417,6 +421,8 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
     if deferred:
         _summary_rows(data, deferred, rule, th)
     deferred = []
+    import pandas as pd   # here, not at import: worker processes import this module (runtime/pool.py)
+
     # from columns (pandas builds a frame from a list of dicts cell by cell), each column of one
     # Python type as its numpy array (what pandas would infer from the list, without inferring)
     df = pd.DataFrame({c: _typed(data.pop(c)) for c in cols}, columns=cols) if n_rows \
@@ -608,8 +614,9 @@ def _typed(values: list):
 
 #: tensor pairs are compared by worker *processes* (numpy holds the GIL in its BLAS dot products
 #: and casts, so threads scale ~1.0-1.1x) when there is at least this much data or pairs to compare;
-#: smaller compares use threads (starting processes costs ~50 ms)
-PROCESS_MIN_BYTES = 32 << 20
+#: smaller compares use threads (a worker, a fresh interpreter importing numpy, costs ~0.35 s of CPU
+#: and 0.2-0.3 s before its first chunk: below ~0.5 GB this process is done first)
+PROCESS_MIN_BYTES = 512 << 20
 PROCESS_MIN_PAIRS = 4096
 
 
@@ -650,16 +657,6 @@ def _chunks(unique: list, nbytes: int, workers: int) -> List[Tuple[int, int]]:
     if a < len(unique):
         out.append((a, len(unique)))
     return out
-
-
-def worker_context():
-    """``fork`` where it is safe and fast (no torch threads in this process), else ``spawn``."""
-    import multiprocessing as mp
-    import sys
-
-    if "fork" in mp.get_all_start_methods() and "torch" not in sys.modules:
-        return mp.get_context("fork")
-    return mp.get_context("spawn")
 
 
 def _run_jobs(data: Dict[str, list], jobs, rule, th, problems, progress, workers) -> None:
@@ -710,19 +707,14 @@ def _run_jobs(data: Dict[str, list], jobs, rule, th, problems, progress, workers
             _fill_metrics(r, m, nt, bt, rule, th)
 
     if workers > 1 and (nbytes >= PROCESS_MIN_BYTES or total >= PROCESS_MIN_PAIRS):
+        # worker processes of this package only (runtime/pool.py); what they cannot do is done here
         chunks = _chunks(unique, nbytes, workers)
-        try:
-            ex = ProcessPoolExecutor(max_workers=workers, mp_context=worker_context())
-        except (OSError, ValueError):   # no processes here (a sandbox): threads
-            ex = None
-        if ex is not None:
-            specs = ([_job_spec(*unique[i][1:]) for i in range(a, b)] for a, b in chunks)
-            with ex:
-                for lo, res in zip([c[0] for c in chunks], ex.map(_compare_specs, specs)):
-                    for k, one in enumerate(res):
-                        apply(lo + k, one)
-                    done += len(res)
-                    tell(done)
+        specs = [[_job_spec(*unique[i][1:]) for i in range(a, b)] for a, b in chunks]
+        for c, res in pool.run_parallel(_compare_specs, specs, workers, pure=True):
+            for k, one in enumerate(res):
+                apply(chunks[c][0] + k, one)
+            done += len(res)
+            tell(done)
     if done < total:
         with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
             for k, res in enumerate(ex.map(work, unique)):

@@ -1,1 +1,1 @@
-"""What the debugger runs on: configuration validation, devices, seeding."""
+"""What the debugger runs on: configuration validation, devices, seeding, worker processes."""
