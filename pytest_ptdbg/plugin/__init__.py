@@ -94,12 +94,19 @@ KEEP_RUNS = 3
 
 def _new_run_dir(root: str) -> str:
     """A fresh ``run-<time>-<pid>`` folder under the shared default root; older runs beyond the
-    last few are removed. Sessions running at the same time (same checkout) never collide."""
+    last few are cleared of what the plugin wrote there (marked test folders, as
+    :func:`_clear_marked`; never through a symbolic link) and removed once empty. Sessions running
+    at the same time (same checkout) never collide."""
     names = os.listdir(root) if os.path.isdir(root) else []
     runs = [os.path.join(root, n) for n in names if n.startswith(RUN_PREFIX)]
+    runs = [p for p in runs if _is_real_dir(p)]
     runs.sort(key=lambda p: os.path.getmtime(p) if os.path.exists(p) else 0.0)
     for old in runs[: max(0, len(runs) - (KEEP_RUNS - 1))]:
-        shutil.rmtree(old, ignore_errors=True)
+        _clear_marked(old)
+        try:
+            os.rmdir(old)  # only when nothing but the plugin's folders was in it
+        except OSError:
+            pass
     return os.path.join(root, f"{RUN_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
 
 

@@ -89,3 +89,36 @@ def test_a_user_folder_in_the_way_of_a_test_folder_is_not_deleted(tester, tmp_pa
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines(["*was not written by pytest-ptdbg*left alone*"])
     assert (d / "test_dumped.py" / "test_dumped" / "mine.txt").read_text() == "keep me"
+
+
+def test_old_runs_under_the_default_root_lose_only_what_the_plugin_wrote(tmp_path):
+    """The shared default root keeps the last few ``run-*`` folders; an older one is cleared of
+    the plugin's marked test folders only: a user's file in it stays (with its folder), and a
+    ``run-*`` link is never followed (before: ``shutil.rmtree`` of every older run)."""
+    from pytest_ptdbg.plugin import ARTIFACT_MARK, KEEP_RUNS, _new_run_dir
+
+    root = tmp_path / "root"
+    outside = tmp_path / "outside"
+    (outside / "marked").mkdir(parents=True)
+    (outside / "marked" / ARTIFACT_MARK).write_text("")
+    (outside / "marked" / "precious.bin").write_text("keep")
+    runs = []
+    for i in range(KEEP_RUNS + 2):
+        run = root / f"run-2026010{i}-000000-{i}"
+        (run / "test_a" / "compare").mkdir(parents=True)
+        (run / "test_a" / ARTIFACT_MARK).write_text("")
+        runs.append(run)
+    (runs[0] / "notes.txt").write_text("the user's")           # a user's file in the oldest run
+    for i, run in enumerate(runs):
+        os.utime(run, (1000 + i, 1000 + i))                     # oldest first
+    os.symlink(outside, root / "run-00000000-000000-0", target_is_directory=True)  # oldest of all
+
+    new = _new_run_dir(str(root))
+
+    assert new.startswith(str(root / "run-"))
+    assert (runs[0] / "notes.txt").read_text() == "the user's"   # kept, and so is its folder
+    assert not (runs[0] / "test_a").exists()                      # the plugin's folder went
+    assert not runs[1].exists() and not runs[2].exists()          # emptied by that: removed
+    assert all(r.exists() for r in runs[-(KEEP_RUNS - 1):])       # the newest are kept whole
+    assert (outside / "marked" / "precious.bin").read_text() == "keep"
+    assert (root / "run-00000000-000000-0").is_symlink()
