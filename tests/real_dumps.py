@@ -101,3 +101,19 @@ def patched(owner: Any, name: str, value: Any):
         yield
     finally:
         setattr(owner, name, saved)
+
+
+def relu_times(k: float) -> Callable[[Any], Any]:
+    """A relu patched to scale its output by ``k`` inside the kernel: capture sees relu only
+    (use as ``patched(torch, "relu", relu_times(1.001)(torch.relu))``)."""
+    def make(orig: Any) -> Any:
+        def relu(*args: Any, **kwargs: Any) -> Any:
+            ts = tuple(a for a in args if isinstance(a, torch.Tensor))
+            if torch.overrides.has_torch_function(ts):
+                return torch.overrides.handle_torch_function(relu, ts, *args, **kwargs)
+            out = orig(*args, **kwargs)
+            with torch._C.DisableTorchFunction():
+                return out * k
+        relu.__module__ = "torch"
+        return relu
+    return make

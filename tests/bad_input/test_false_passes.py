@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from locations import REPO_ROOT  # noqa: E402
-from real_dumps import dump_one_step, patched, step_paths  # noqa: E402
+from real_dumps import dump_one_step, patched, relu_times, step_paths  # noqa: E402
 from pytest_ptdbg import compare  # noqa: E402
 from pytest_ptdbg.comparison import metrics as M  # noqa: E402
 from pytest_ptdbg.dump.npy import NpyStream  # noqa: E402
@@ -33,25 +33,11 @@ OTHER = "Functional_linear_2_forward"
 MSPROBE = os.path.join(REPO_ROOT, "tests", "data", "msprobe", "mlp_statistics_fp32", "step0", "proc8698")
 
 
-def _relu_times(k):
-    def make(orig):
-        def relu(*args, **kwargs):
-            ts = tuple(a for a in args if isinstance(a, torch.Tensor))
-            if torch.overrides.has_torch_function(ts):
-                return torch.overrides.handle_torch_function(relu, ts, *args, **kwargs)
-            out = orig(*args, **kwargs)
-            with torch._C.DisableTorchFunction():
-                return out * k
-        relu.__module__ = "torch"
-        return relu
-    return make
-
-
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("false_passes")
     dump_one_step(root / "bench")
-    dump_one_step(root / "bad", around=lambda: patched(torch, "relu", _relu_times(1.001)(torch.relu)))
+    dump_one_step(root / "bad", around=lambda: patched(torch, "relu", relu_times(1.001)(torch.relu)))
     return root
 
 

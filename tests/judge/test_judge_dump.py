@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from real_dumps import dump_one_step, patched
+from real_dumps import dump_one_step, patched, relu_times
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
@@ -12,26 +12,11 @@ from pytest_ptdbg import compare  # noqa: E402
 from pytest_ptdbg.judge import judge_dump  # noqa: E402
 
 
-def _relu_times(k):
-    """A relu patched to scale its output by ``k`` inside the kernel: capture sees relu only."""
-    def make(orig):
-        def relu(*args, **kwargs):
-            ts = tuple(a for a in args if isinstance(a, torch.Tensor))
-            if torch.overrides.has_torch_function(ts):
-                return torch.overrides.handle_torch_function(relu, ts, *args, **kwargs)
-            out = orig(*args, **kwargs)
-            with torch._C.DisableTorchFunction():
-                return out * k
-        relu.__module__ = "torch"
-        return relu
-    return make
-
-
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     mk = tmp_path_factory.mktemp
     clean = dump_one_step(mk("clean")).rank_dir
-    bad = dump_one_step(mk("bad"), around=lambda: patched(torch, "relu", _relu_times(1.001)(torch.relu))).rank_dir
+    bad = dump_one_step(mk("bad"), around=lambda: patched(torch, "relu", relu_times(1.001)(torch.relu))).rank_dir
     stats = dump_one_step(mk("stats"), summary_only=True).rank_dir
     return {"clean": clean, "bad": bad, "stats": stats}
 
@@ -104,7 +89,7 @@ def test_a_call_the_replay_cannot_judge_is_judged_from_its_statistics(tmp_path, 
     from pytest_ptdbg.judge import allowlist
 
     clean = dump_one_step(tmp_path / "clean").rank_dir
-    bad = dump_one_step(tmp_path / "bad", around=lambda: patched(torch, "relu", _relu_times(1.05)(torch.relu))).rank_dir
+    bad = dump_one_step(tmp_path / "bad", around=lambda: patched(torch, "relu", relu_times(1.05)(torch.relu))).rank_dir
     for key in [k for k in allowlist.REPLAYABLE if k.endswith("_relu")]:
         monkeypatch.delitem(allowlist.REPLAYABLE, key)
 
