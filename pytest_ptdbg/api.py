@@ -360,7 +360,7 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
     for rank in ranks:
         pn, pb = npu_ranks.get(rank), bench_ranks.get(rank)
         if pn is None or pb is None:
-            have, lack = ("NPU", "bench") if pb is None else ("bench", "NPU")
+            have, lack = ("device", "bench") if pb is None else ("bench", "device")
             lack_dir = bench_step_dir if pb is None else npu_step_dir
             errors[(rank, rank)] = (f"rank{rank} is only in the {have} dump ({pn or pb}); the {lack} step "
                                     f"folder {lack_dir} has no rank{rank}")

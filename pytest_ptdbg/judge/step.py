@@ -125,7 +125,8 @@ class StepJudgement:
         if self.replay is not None:
             lines.append(self.replay.text().rstrip("\n"))
         if self.by_statistics:
-            lines.append("  Statistics only: no full tensors to replay, so root causes are judged from "
+            lines.append("  Statistics only: the calls were not replayed (no full tensors, or a statistics "
+                         "compare was asked for), so root causes are judged from "
                          "max/min/mean/norm differences against the inputs' and the dtype's; "
                          "localisation is weaker.")
         if self.rescan:

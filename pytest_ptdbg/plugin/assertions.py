@@ -335,7 +335,7 @@ def failure_message(ev: Evaluation, result: Any) -> str:
               f"{result.bench_label})"
     if s.rule == "judge":
         judgement = getattr(cmp, "judgement", None)
-        how = ("judged from statistics: no full tensors to replay" if getattr(judgement, "by_statistics", False)
+        how = ("judged from statistics: the calls were not replayed" if getattr(judgement, "by_statistics", False)
                else "each call replayed against a float64 oracle")
         lines.append(f"precision check failed{who}: {len(ev.root_causes)} root cause(s) found by the "
                      f"judgement ({how})")

@@ -332,5 +332,5 @@ def test_distributed_unequal_rank_sets_still_compare_the_common_ranks(real, tmp_
     bench = _copy(real["b"], tmp_path / "bench", ranks=(0, 1))
     res = compare_distributed(npu, bench, str(tmp_path / "out"), is_print_compare_log=False, replay_check=False)
     assert list(res.results) == [(0, 0), (1, 1)] and all(r.passed for r in res.results.values())
-    assert list(res.errors) == [(2, 2)] and "only in the NPU dump" in res.errors[(2, 2)]
+    assert list(res.errors) == [(2, 2)] and "only in the device dump" in res.errors[(2, 2)]
     assert not res.passed and "All ranks agree." not in res.summary

@@ -43,7 +43,7 @@ def test_mismatched_rank_sets_are_named(tmp_path):
     bench = _ranks(str(tmp_path / "bench"), {0: None})
     res = compare_distributed(npu, bench, str(tmp_path / "out"), is_print_compare_log=False)
     assert list(res.results) == [(0, 0)] and not res.passed
-    assert "rank1 is only in the NPU dump" in res.errors[(1, 1)]
+    assert "rank1 is only in the device dump" in res.errors[(1, 1)]
     os.makedirs(os.path.join(bench, "notes"))
     with pytest.raises(ValueError, match="only rank<N> folders.*notes"):
         compare_distributed(npu, bench, str(tmp_path / "out"))
