@@ -45,7 +45,7 @@ from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.pairing import dtype_class, pair_apis
 from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, METRIC_COLUMNS, SUMMARY_COLUMNS,
-                                             SUMMARY_DIFF_COLUMNS)
+                                             SUMMARY_DIFF_COLUMNS, CompareTable)
 from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
 from pytest_ptdbg.format.gc_pause import paused_gc
@@ -334,7 +334,7 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
     problems = problems if problems is not None else []
     steps = pair_apis(npu.apis, bench.apis, fuzzy=fuzzy_match)
     kinds = _code_paths(steps, summary)
-    cols = (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS
+    cols = [str(c) for c in (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS]
     rows = _Columns(cols)   # each finished row is one tuple (no dict per row kept)
     jobs = []
     deferred: list = []     # summary rows judged at once, over arrays (_summary_rows)
@@ -428,6 +428,7 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
     df = pd.DataFrame({c: _typed(data.pop(c)) for c in cols}, columns=cols) if n_rows \
         else pd.DataFrame({c: [] for c in cols})
     df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule})
+    CompareTable(df)   # the contract (comparison/schema.py): every column of its kind is there
     return df
 
 
