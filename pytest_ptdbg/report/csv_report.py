@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from pytest_ptdbg.advise.advice_text import as_frames
+from pytest_ptdbg.comparison import schema
 from pytest_ptdbg.comparison.schema import STACK_COLUMN, csv_columns, is_summary
 from pytest_ptdbg.report.outputs import write_new
 
@@ -175,9 +176,9 @@ def csv_text(table: pd.DataFrame, stack_mode: bool = False) -> str:
 def _stack_cells(table: pd.DataFrame) -> List[str]:
     """``NPU_Stack_Info``: the stack on the first row of each API, "" elsewhere."""
     cells = [""] * len(table)
-    if "_stack" in table.columns:
-        keys = table["_api"].astype(str).tolist() if "_api" in table.columns else [None] * len(table)
-        stacks = table["_stack"].tolist()
+    if schema.STACK in table.columns:   # a table read back from a CSV has no stacks
+        keys = table[schema.API].astype(str).tolist() if schema.API in table.columns else [None] * len(table)
+        stacks = table[schema.STACK].tolist()
         seen = set()
         for i, (k, st) in enumerate(zip(keys, stacks)):
             if k not in seen or k is None:

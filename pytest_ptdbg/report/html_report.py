@@ -14,7 +14,6 @@ import pandas as pd
 
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.advisor import MIN_GROWTH, PASS_FRACTION_NOTE, Advice, Suspect
-from pytest_ptdbg.advise.columns import to_bool_array, to_float_array
 from pytest_ptdbg.comparison import schema
 from pytest_ptdbg.format.text import fmt_error, fmt_number
 from pytest_ptdbg.report.outputs import write_new
@@ -77,29 +76,25 @@ def api_series(table: pd.DataFrame, direction: str, optimizer: Optional[bool] = 
     None keeps all. Each value is the largest over the API's output tensors; NaN when none was
     compared, inf when NaN/Inf positions differ.
     """
-    t = table.reset_index(drop=True)
-    sel = (t["_direction"].astype(str) == direction).to_numpy()
-    if optimizer is not None and "_ctx" in t.columns:
-        in_opt = (t["_ctx"].fillna("").astype(str) == "optimizer").to_numpy()
+    t = schema.CompareTable.of(table)
+    sel = t[schema.DIRECTION] == direction
+    if optimizer is not None:
+        in_opt = t[schema.CTX] == schema.OPTIMIZER
         sel = sel & (in_opt if optimizer else ~in_opt)
-    if "NPU Name" in t.columns:
-        npu = t["NPU Name"].fillna("").astype(str).str.len().to_numpy() > 0
-        sel = sel & (npu | to_bool_array(t["_paired"], False))
-    t = t.loc[sel]
-    if t.empty:
+    sel = sel & ((t[schema.NPU_NAME] != "") | t[schema.PAIRED])
+    if not sel.any():
         return [], np.array([]), np.array([]), np.array([], dtype=bool)
-    paired = to_bool_array(t["_paired"], False)
-    out = (t["_io"].astype(str) == "output").to_numpy() & paired
-    cos = to_float_array(t["Cosine"]) if "Cosine" in t.columns else np.full(len(t), np.nan)
+    paired = t[schema.PAIRED][sel]
+    out = (t[schema.IO][sel] == schema.OUTPUT) & paired
+    cos = t[schema.COSINE][sel]   # all NaN in a summary compare (no such column)
     one_minus = np.clip(1.0 - cos, 0.0, None)
     one_minus = np.where(out, np.where(one_minus < 1e-15, 0.0, one_minus), np.nan)  # float64 ulps
-    rel = np.where(out, np.abs(to_float_array(t["_rel_l2"])), np.nan)
-    nanm = to_bool_array(t["_nan_mismatch"], False) & out
+    rel = np.where(out, np.abs(t[schema.REL_L2][sel]), np.nan)
+    nanm = t[schema.NAN_MISMATCH][sel] & out
     one_minus = np.where(nanm, np.inf, one_minus)
     rel = np.where(nanm, np.inf, rel)
-    fail = out & ~to_bool_array(t["_passed"], True)
-    frame = pd.DataFrame({"api": t["_api"].astype(str).to_numpy(),
-                          "order": pd.to_numeric(t["_order"], errors="coerce").to_numpy(),
+    fail = out & ~t[schema.PASSED][sel]
+    frame = pd.DataFrame({"api": t[schema.API][sel], "order": t.floats(schema.ORDER)[sel],
                           "c": one_minus, "r": rel, "f": fail})
     g = frame.groupby("api", sort=False).agg(order=("order", "min"), c=("c", "max"),
                                               r=("r", "max"), f=("f", "any"))
@@ -118,7 +113,7 @@ def _plot(table: pd.DataFrame, advice: Advice, direction: str, optimizer: bool =
             colour = "#b91c1c" if k == 1 else "#9333ea"
             marks.append(Mark(pos[s.api], f"#{k} {s.api}", colour))
     series = [Series("1 \u2212 cosine", list(c)), Series("relative error (L2)", list(r))]
-    if "Cosine" not in table.columns or not np.isfinite(c).any():  # summary compare: no cosine
+    if schema.is_summary(table) or not np.isfinite(c).any():  # summary compare: no cosine
         series = series[1:]
     first = advice.first
     shade = pos.get(first.api) if first is not None and first.direction == direction else None
@@ -208,21 +203,21 @@ def _inherited_row(s: Suspect) -> str:
 
 
 def _failing_rows(table: pd.DataFrame) -> str:
-    t = table.reset_index(drop=True)
-    bad = np.flatnonzero(to_bool_array(t["_paired"], False) & ~to_bool_array(t["_passed"], True))
+    t = schema.CompareTable.of(table)
+    bad = np.flatnonzero(t[schema.PAIRED] & ~t[schema.PASSED])
     if len(bad) == 0:
         return '<p class="muted">No row fails.</p>'
-    metric = (schema.SUMMARY_DIFF_COLUMNS if schema.is_summary(t) else schema.METRIC_COLUMNS)
-    cols = ["NPU Name", "Bench Name"] + [c for c in metric if c in t.columns] + ["Err_message"]
-    head = "".join(f"<th>{escape(c)}{' (pass fraction)' if 'Thousandth' in c else ''}</th>"
+    metric = schema.SUMMARY_DIFF_COLUMNS if t.summary else schema.METRIC_COLUMNS
+    cols = [schema.NPU_NAME, schema.BENCH_NAME] + metric + [schema.ERR_MESSAGE]
+    head = "".join(f"<th>{escape(c)}{' (pass fraction)' if c in (schema.ONE_THOUSANDTH, schema.FIVE_THOUSANDTHS) else ''}</th>"
                    for c in ["line"] + cols)
+    cells_of = {c: t.objects(c) for c in cols}
     body = []
     for i in bad[:MAX_FAILING_ROWS]:
         cells = [f'<td class="num">{i + 2}</td>']
         for c in cols:
-            v = t.at[i, c] if c in t.columns else ""
-            cls = "name" if "Name" in c else ("" if c == "Err_message" else "num")
-            cells.append(f'<td class="{cls}">{escape(_known(fmt_number(v)))}</td>')
+            cls = "name" if c in (schema.NPU_NAME, schema.BENCH_NAME) else ("" if c == schema.ERR_MESSAGE else "num")
+            cells.append(f'<td class="{cls}">{escape(_known(fmt_number(cells_of[c][i])))}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = (f'<p class="muted">... and {len(bad) - MAX_FAILING_ROWS} more failing rows in the CSV.</p>'
             if len(bad) > MAX_FAILING_ROWS else "")
