@@ -8,31 +8,16 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, Iterable, Optional
 
 import torch
 
 import example_models as em
+from locations import StepDump, step_paths
 from pytest_ptdbg import PrecisionDebugger
-from pytest_ptdbg.format import records
 
-
-@dataclass(frozen=True)
-class StepDump:
-    """Where one dumped step lives."""
-
-    dump_path: str
-    rank_dir: str
-    pkl: str
-    data_dir: str
-
-
-def step_paths(dump_path: str, step: int = 0, rank: int = 0, mode: str = "api_stack") -> StepDump:
-    """The paths of one step and rank of ``dump_path``."""
-    dump_path = str(dump_path)
-    return StepDump(dump_path, records.rank_dir(dump_path, step, rank),
-                    records.pkl_path(dump_path, step, rank, mode), records.data_path(dump_path, step, rank, mode))
+__all__ = ["StepDump", "dump_one_step", "dump_user_step", "patched", "perturb", "relu_times", "seeded",
+           "step_paths"]
 
 
 def perturb(model: torch.nn.Module, param: str, rel: float = 0.0, add: float = 0.0, seed: int = 1) -> None:
