@@ -38,7 +38,7 @@ def input_param_for(npu: Side, bench: Side, *, with_data: bool = True, npu_data:
         if given is not None:
             p[key] = str(given)
         elif with_data and hasattr(side, "data_dir"):
-            p[key] = str(side.data_dir)
+            p[key] = "" if side.data_dir is None else str(side.data_dir)   # None: a statistics-only side
     return p
 
 

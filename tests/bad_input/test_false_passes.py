@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from comparing import input_param_for  # noqa: E402
 from locations import REPO_ROOT  # noqa: E402
 from real_dumps import dump_one_step, patched, relu_times, step_paths  # noqa: E402
 from pytest_ptdbg.comparison import metrics as M  # noqa: E402
@@ -154,11 +155,10 @@ import torch
 import pytest_ptdbg.comparison.table as T
 from pytest_ptdbg import compare
 T.WORKERS = 1   # the limit is for the replay here, not for a worker pool
-root = sys.argv[1]
+root, param = sys.argv[1], json.loads(sys.argv[2])
 vm = [int(ln.split()[1]) << 10 for ln in open("/proc/self/status") if ln.startswith("VmSize:")][0]
 resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20),) * 2)
-r = compare({"npu_pkl_path": root + "/npu", "bench_pkl_path": root + "/bench", "is_print_compare_log": False},
-            root + "/out")
+r = compare(param, root + "/out")
 j = r.judgement
 print(json.dumps({"passed": r.passed, "unusable": j.unusable, "notes": r.notes, "problems": r.problems,
                   "judged": [v.api for v in j.replay.judged] if j.replay else None}))
@@ -181,7 +181,8 @@ def test_a_valid_dump_under_rlimit_as_fails_the_call_it_could_not_replay(tmp_pat
         dump_step(side, functools.partial(_relu_then_sigmoid, x, s))
         del x
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, str(tmp_path)], capture_output=True, text=True,
+    param = json.dumps(input_param_for(str(tmp_path / "npu"), str(tmp_path / "bench")))
+    p = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, str(tmp_path), param], capture_output=True, text=True,
                        timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -384,8 +385,7 @@ def test_chunked_metrics_over_memory_mapped_files_equal_the_one_shot_form(tmp_pa
 _PEAK = r"""
 from pytest_ptdbg import compare
 tmp = {tmp!r}
-r = compare({{"npu_pkl_path": tmp + "/npu", "bench_pkl_path": tmp + "/bench", "is_print_compare_log": False}},
-            tmp + "/out", replay_check=False)
+r = compare({param!r}, tmp + "/out", replay_check=False)
 row = r.table.iloc[0]
 hwm = [ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0]
 print(row["Cosine"], row["MaxAbsErr"], hwm)
@@ -405,7 +405,8 @@ def test_a_256_mib_pair_compares_in_a_few_blocks_of_memory(tmp_path):
     write_dump(str(tmp_path / "bench"), [Api("Torch_relu_0_forward", {"input.0": a})])
     del a
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", _PEAK.format(tmp=str(tmp_path))], capture_output=True,
+    script = _PEAK.format(tmp=str(tmp_path), param=input_param_for(str(tmp_path / "npu"), str(tmp_path / "bench")))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True,
                        text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     cos, mae, peak_kib = p.stdout.split()
