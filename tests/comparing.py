@@ -2,9 +2,11 @@
 
 ``run_compare(npu, bench, out, **options)`` is the one place the test helpers call the compare;
 ``input_param_for(npu, bench)`` builds the ``input_param`` dict of ptdbg's ``compare()`` signature.
-The ``compare_pair`` and ``input_param_for`` fixtures of ``tests/conftest.py`` wrap these; use the
-functions themselves where a fixture does not fit (module-scoped fixtures, subprocess scripts).
-Tests of the public signature itself call ``pytest_ptdbg.compare`` with a dict they build.
+The ``compare_pair`` fixture of ``tests/conftest.py`` wraps ``run_compare``; use the functions
+themselves where a fixture does not fit (module-scoped fixtures, subprocess scripts). Tests of the
+public signature call ``pytest_ptdbg.compare`` with ``input_param_for``'s dict (or a literal one,
+where the dict's shape is what is tested). When ``compare()`` gets an internal typed entry point,
+only ``run_compare``'s body changes.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 Test files sit in one folder per stage (``tests/format``, ``tests/dump``, ``tests/bad_input``...);
 the helper modules here (``dumps``: hand-written ptdbg v4 dumps; ``real_dumps``: dumps of real
 example-model steps; ``comparing``: one compare of two dumps, ptdbg's ``input_param``;
-``synthetic``: compare tables for advisor tests; ``locations``) are imported by name from any of
-them. The fixtures below put those helpers in a test's ``tmp_path``:
+``synthetic``: compare tables for advisor tests; ``locations``: paths, and ``step_paths`` of a
+dump) are imported by name from any of them. The fixtures below put those helpers in a test's ``tmp_path``:
 
 * ``dump_step(name, model="mlp", **kw)``: a dump of one step in ``tmp_path / name`` (a
   :class:`real_dumps.StepDump`); ``model`` is an ``example_models`` name (``kw``: the arguments of

@@ -157,11 +157,6 @@ def test_statistics_only_dump_of_a_long_list_has_no_literal_and_passes(floats, d
 
 # ------------------------------------------------------------------------ 2. leftovers of a killed re-dump
 
-def _mlp_dump(root, summary_only=False):
-    """One MLP train step dumped into ``root``; returns its rank folder."""
-    return dump_one_step(root, "mlp", summary_only=summary_only).rank_dir
-
-
 _KILLED_REDUMP = textwrap.dedent("""
     import os, shutil, sys, signal
     import example_models as em
@@ -178,7 +173,7 @@ _KILLED_REDUMP = textwrap.dedent("""
 
 def test_leftover_of_a_killed_redump_is_removed_at_next_start_and_compare_distributed_passes(tmp_path):
     root = tmp_path / "d"
-    rank = _mlp_dump(root)
+    rank = dump_one_step(root).rank_dir
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.path.join(REPO_ROOT, "tests"),
                                                        os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, "-c", _KILLED_REDUMP, str(root)], env=env, capture_output=True,
@@ -190,14 +185,14 @@ def test_leftover_of_a_killed_redump_is_removed_at_next_start_and_compare_distri
     # the leftover alone does not stop compare --distributed (the killed rank0 is incomplete: exit 1)
     out = tmp_path / "out"
     assert cli_main(["compare", "--distributed", "--no-replay", "-q", "-o", str(out), step, step]) == 1
-    _mlp_dump(root)                       # a successful re-dump
+    dump_one_step(root)                   # a successful re-dump
     assert glob.glob(os.path.join(step, "rank0.old-*")) == []
     assert cli_main(["compare", "--distributed", "--no-replay", "-q", "-o", str(out), step, step]) == 0
 
 
 def test_only_marked_real_folders_are_removed_and_lookalikes_are_named(tmp_path):
     root = tmp_path / "d"
-    rank = _mlp_dump(root)
+    rank = dump_one_step(root).rank_dir
     step = os.path.dirname(rank)
     mine = tmp_path / "users_folder"
     mine.mkdir()
@@ -208,7 +203,7 @@ def test_only_marked_real_folders_are_removed_and_lookalikes_are_named(tmp_path)
     os.mkdir(unmarked)
     with open(os.path.join(unmarked, "notes.txt"), "w") as f:
         f.write("not made by pytest-ptdbg")
-    _mlp_dump(root)                                   # start(): removes nothing of these
+    dump_one_step(root)                               # start(): removes nothing of these
     assert os.path.islink(os.path.join(step, "rank0.old-1-2")) and (mine / "keep.txt").exists()
     assert os.path.isfile(os.path.join(unmarked, "notes.txt"))
     with pytest.raises(ValueError) as e:
@@ -266,7 +261,7 @@ def test_rank_folder_moved_before_stop_is_marked_incomplete_where_it_went(tmp_pa
 
 @pytest.fixture(scope="module")
 def full_dump(tmp_path_factory):
-    return _mlp_dump(tmp_path_factory.mktemp("full") / "d")
+    return dump_one_step(tmp_path_factory.mktemp("full") / "d").rank_dir
 
 
 def _copy(rank, dst):
@@ -314,7 +309,7 @@ def test_a_missing_file_fails_a_statistics_compare_against_a_summary_dump(full_d
     rank = _copy(full_dump, tmp_path / "c")
     gone = os.path.join(rank, "api_stack_dump", "Functional_linear_2_forward_output.0.npy")
     os.unlink(gone)
-    bench = _mlp_dump(tmp_path / "bench", summary_only=True)
+    bench = dump_one_step(tmp_path / "bench", summary_only=True).rank_dir
     r = compare_pair(rank, bench, replay_check=False)
     assert r.summary_compare and not r.passed
     assert any("1 of the" in p and os.path.basename(gone) in p for p in r.problems), r.problems
