@@ -2,42 +2,22 @@
 
 ``dump_one_step(path, "mlp", ...)`` is the one way tests make such a dump; the variations tests need
 (statistics only, a weight perturbation, forward hooks, a patched function) are its arguments.
+``dump_user_step(path, step)`` dumps a step a test writes itself. The ``dump_step`` fixture of
+``tests/conftest.py`` calls either into the test's ``tmp_path``.
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterable, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterable, Optional
 
 import torch
 
 import example_models as em
+from locations import StepDump, step_paths
 from pytest_ptdbg import PrecisionDebugger
-from pytest_ptdbg.format import records
 
-
-@dataclass(frozen=True)
-class StepDump:
-    """Where one dumped step lives."""
-
-    dump_path: str
-    rank_dir: str
-    pkl: str
-    data_dir: str
-
-    def input_param(self, bench: "StepDump", with_data: bool = True) -> dict:
-        """``compare()``'s ``input_param`` with this dump as the device side."""
-        p = {"npu_pkl_path": self.pkl, "bench_pkl_path": bench.pkl, "is_print_compare_log": False}
-        if with_data:
-            p.update(npu_dump_data_dir=self.data_dir, bench_dump_data_dir=bench.data_dir)
-        return p
-
-
-def step_paths(dump_path: str, step: int = 0, rank: int = 0, mode: str = "api_stack") -> StepDump:
-    """The paths of one step and rank of ``dump_path``."""
-    dump_path = str(dump_path)
-    return StepDump(dump_path, records.rank_dir(dump_path, step, rank),
-                    records.pkl_path(dump_path, step, rank, mode), records.data_path(dump_path, step, rank, mode))
+__all__ = ["StepDump", "dump_one_step", "dump_user_step", "patched", "perturb", "relu_times", "seeded",
+           "step_paths"]
 
 
 def perturb(model: torch.nn.Module, param: str, rel: float = 0.0, add: float = 0.0, seed: int = 1) -> None:
@@ -53,18 +33,21 @@ def perturb(model: torch.nn.Module, param: str, rel: float = 0.0, add: float = 0
 
 def dump_one_step(path: Any, model: str = "mlp", *, seed: int = 0, summary_only: bool = False,
                   prepare: Optional[Callable[[torch.nn.Module], Optional[Iterable[Any]]]] = None,
-                  around: Optional[Callable[[], ContextManager]] = None) -> StepDump:
+                  around: Optional[Callable[[], ContextManager]] = None,
+                  model_kw: Optional[Dict[str, Any]] = None, hook: Optional[Dict[str, Any]] = None) -> StepDump:
     """Dump one training step (forward, backward, optimizer) of ``example_models.MODELS[model]``.
 
     ``prepare(model)`` runs before the step (perturb weights, register hooks) and may return handles
-    to ``remove()`` afterwards; ``around()`` is a context entered around the step (a patched kernel).
+    to ``remove()`` afterwards; ``around()`` is a context entered around the step (a patched kernel,
+    a seeded RNG). ``model_kw``: more arguments of the model's builder (``batch_size=2``...);
+    ``hook``: ``configure_hook`` arguments in place of ``mode="api_stack"`` (``mode="acl"``...).
     The debugger is closed at the end, so the dump is complete (its manifest written) and unlocked.
     """
-    m, batch = em.MODELS[model](seed=seed)
+    m, batch = em.MODELS[model](seed=seed, **(model_kw or {}))
     handles = list(prepare(m) or ()) if prepare else []
     try:
         dbg = PrecisionDebugger(dump_path=str(path), hook_name="dump", step=[0])
-        dbg.configure_hook(mode="api_stack", summary_only=summary_only)
+        dbg.configure_hook(**{"mode": "api_stack", "summary_only": summary_only, **(hook or {})})
         with (around() if around else contextlib.nullcontext()):
             dbg.start()
             try:
@@ -78,11 +61,11 @@ def dump_one_step(path: Any, model: str = "mlp", *, seed: int = 0, summary_only:
     return step_paths(path)
 
 
-def dump_step(path: Any, step: Callable[[], Any]) -> StepDump:
-    """Dump ``step()`` (a user-written forward and backward of any model) in full, as
-    :func:`dump_one_step` dumps an ``example_models`` step; the debugger is closed at the end."""
+def dump_user_step(path: Any, step: Callable[[], Any], *, summary_only: bool = False) -> StepDump:
+    """Dump ``step()`` (a user-written forward and backward of any model), as :func:`dump_one_step`
+    dumps an ``example_models`` step; the debugger is closed at the end."""
     dbg = PrecisionDebugger(dump_path=str(path), hook_name="dump", step=[0])
-    dbg.configure_hook(mode="api_stack")
+    dbg.configure_hook(mode="api_stack", summary_only=summary_only)
     dbg.start()
     try:
         step()
@@ -101,6 +84,14 @@ def patched(owner: Any, name: str, value: Any):
         yield
     finally:
         setattr(owner, name, saved)
+
+
+@contextlib.contextmanager
+def seeded(seed: int = 0):
+    """torch's global RNG seeded as the block starts (``around=lambda: seeded(0)``: the same
+    dropout masks in every dump)."""
+    torch.manual_seed(seed)
+    yield
 
 
 def relu_times(k: float) -> Callable[[Any], Any]:

@@ -24,13 +24,13 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
-from example_models import cnn, mlp, train_step  # noqa: E402
-from pytest_ptdbg import PrecisionDebugger, compare  # noqa: E402
 from pytest_ptdbg.advise import advice_text as at  # noqa: E402
-from pytest_ptdbg.format import records  # noqa: E402
+from real_dumps import dump_one_step, patched, seeded  # noqa: E402
 
 NOISE = 1e-6
 FAULT = 1e-2
+#: the compare of every case: the dtype-aware rule, stacks in the report
+DTYPE = dict(stack_mode=True, rule="dtype")
 
 
 def _faulty(orig, name, call_index, change):
@@ -84,7 +84,6 @@ FAULTS = {
     "nan": ("linear", 1, _put_nan),
     "conv_forward": ("conv2d", 1, _perturb),
 }
-MODELS = {"mlp": mlp, "cnn": cnn}
 
 
 def _add_noise(model, rel):
@@ -94,33 +93,15 @@ def _add_noise(model, rel):
             p.mul_(1 + rel * torch.randn(p.shape, generator=g))
 
 
-def _dump(path, fault=None, noise=0.0, model_name="mlp"):
-    """One training step of the model, dumped; returns the rank folder."""
-    model, batch = MODELS[model_name](seed=0)
+def _planted(fault=None, noise=0.0):
+    """``dump_one_step`` arguments of a case: relative ``noise`` on every weight, ``fault`` planted."""
+    kw = {}
     if noise:
-        _add_noise(model, noise)
-    saved = None
+        kw["prepare"] = lambda model: _add_noise(model, noise)
     if fault:
         name, k, change = FAULTS[fault]
-        saved = getattr(F, name)
-        setattr(F, name, _faulty(saved, name, k, change))
-    try:
-        dbg = PrecisionDebugger(dump_path=str(path), step=[0])
-        dbg.configure_hook(mode="api_stack")
-        dbg.start()
-        try:
-            train_step(model, batch)
-        finally:
-            dbg.stop()
-    finally:
-        if saved is not None:
-            setattr(F, FAULTS[fault][0], saved)
-    return records.rank_dir(str(path))
-
-
-def _compare(npu, bench, out, rule="dtype"):
-    return compare({"npu_pkl_path": npu, "bench_pkl_path": bench, "is_print_compare_log": False},
-                   str(out), stack_mode=True, rule=rule)
+        kw["around"] = lambda: patched(F, name, _faulty(getattr(F, name), name, k, change))
+    return kw
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +111,8 @@ def benches(tmp_path_factory):
 
     def get(model_name="mlp"):
         if model_name not in made:
-            made[model_name] = _dump(tmp_path_factory.mktemp("bench_" + model_name),
-                                     model_name=model_name)
+            made[model_name] = dump_one_step(tmp_path_factory.mktemp("bench_" + model_name),
+                                             model_name).rank_dir
         return made[model_name]
     return get
 
@@ -147,11 +128,11 @@ def bench(benches):
     ("mlp", "nan", "Functional_linear_1_forward", "nonfinite"),
     ("cnn", "conv_forward", "Functional_conv2d_1_forward", "own"),
 ])
-def test_planted_fault_is_the_first_suspect_despite_parameter_noise(benches, tmp_path, model_name,
-                                                                    fault, api, kind):
+def test_planted_fault_is_the_first_suspect_despite_parameter_noise(benches, dump_step, compare_pair,
+                                                                    model_name, fault, api, kind):
     bench = benches(model_name)
-    npu = _dump(tmp_path / "npu", fault=fault, noise=NOISE, model_name=model_name)
-    res = _compare(npu, bench, tmp_path / "out")
+    npu = dump_step("npu", model_name, **_planted(fault, noise=NOISE)).rank_dir
+    res = compare_pair(npu, bench, **DTYPE)
     t = res.table
     # the noise really makes the runs differ everywhere: every weight, and the first layer's output
     weights = t[t["NPU Name"].str.match(r"Functional_(linear|conv2d)_\d_forward_input\.1$")]
@@ -188,15 +169,14 @@ def test_planted_fault_is_the_first_suspect_despite_parameter_noise(benches, tmp
     csv = pd.read_csv(res.csv_path)
     assert csv.loc[first.csv_line - 2, "NPU Name"].startswith(api)
     # statistics alone (summary compare, no .npy read) point at the same call
-    summ = compare({"npu_pkl_path": npu, "bench_pkl_path": bench, "is_print_compare_log": False},
-                   str(tmp_path / "summary"), summary_compare=True, rule="dtype")
+    summ = compare_pair(npu, bench, "summary", summary_compare=True, rule="dtype")
     assert summ.summary_compare and summ.advice.first.api == api
     assert summ.advice.first.kind == kind
 
 
-def test_clean_pair_reports_no_suspect(bench, tmp_path):
-    npu = _dump(tmp_path / "npu")
-    res = _compare(npu, bench, tmp_path / "out")
+def test_clean_pair_reports_no_suspect(bench, dump_step, compare_pair):
+    npu = dump_step("npu").rank_dir
+    res = compare_pair(npu, bench, **DTYPE)
     adv = res.advice
     assert adv.first is None and adv.suspects == [] and adv.all_agree
     assert adv.n_compared > 40 and adv.n_failed == 0
@@ -204,35 +184,25 @@ def test_clean_pair_reports_no_suspect(bench, tmp_path):
     assert lines[:2] == ["Line: None", "Suspect Nodes: None"]
 
 
-def test_noise_alone_is_no_root_cause(bench, tmp_path):
-    npu = _dump(tmp_path / "npu", noise=NOISE)
-    res = _compare(npu, bench, tmp_path / "out")
+def test_noise_alone_is_no_root_cause(bench, dump_step, compare_pair):
+    npu = dump_step("npu", **_planted(noise=NOISE)).rank_dir
+    res = compare_pair(npu, bench, **DTYPE)
     assert (res.table["_rel_l2"].fillna(0) > 0).sum() > 20  # the runs do differ
     assert res.advice.root_causes == []
 
 
-def test_half_precision_softmax_in_one_gpt_layer_is_traced_to_that_layer(tmp_path):
+def test_half_precision_softmax_in_one_gpt_layer_is_traced_to_that_layer(dump_step, compare_pair):
     """tiny GPT, layer 1 computes softmax in float16 without max subtraction (the example fault).
 
     The calls in float16 pass float16's tolerance, the float32 calls after them fail with error
     they only received: the judgement must trace it back into layer 1's softmax, to the cast that
     introduces float16 (the bench makes the same ``.to`` call with float32: a changed argument).
     """
-    from example_models import tiny_gpt
+    def run(name, faulty):
+        return dump_step(name, "tiny_gpt", model_kw=dict(batch_size=2, seq_len=8, faulty_softmax=faulty),
+                         around=lambda: seeded(0)).rank_dir   # same dropout masks
 
-    def run(path, faulty):
-        model, batch = tiny_gpt(seed=0, batch_size=2, seq_len=8, faulty_softmax=faulty)
-        dbg = PrecisionDebugger(dump_path=str(path), step=[0])
-        dbg.configure_hook(mode="api_stack")
-        torch.manual_seed(0)  # same dropout masks
-        dbg.start()
-        try:
-            train_step(model, batch)
-        finally:
-            dbg.stop()
-        return records.rank_dir(str(path))
-
-    res = _compare(run(tmp_path / "npu", True), run(tmp_path / "bench", False), tmp_path / "out")
+    res = compare_pair(run("npu", True), run("bench", False), **DTYPE)
     first = res.advice.first
     assert not res.passed
     assert first.kind == "own" and first.fault == "changed argument", res.advice.text()

@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from comparing import run_compare
 from pytest_ptdbg.advise import advice_text as at
-from pytest_ptdbg.api import compare
 from pytest_ptdbg import PrecisionError, assert_precision
 from real_dumps import dump_one_step, patched
 
@@ -33,7 +33,7 @@ def cnn_bf16(tmp_path_factory):
     root = tmp_path_factory.mktemp("cnn_bf16")
     dev = dump_one_step(root / "device", "cnn", seed=0, around=_bf16)
     bench = dump_one_step(root / "bench", "cnn", seed=0)
-    return compare(dev.input_param(bench), str(root / "out"))
+    return run_compare(dev, bench, root / "out")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def seeds(tmp_path_factory):
     root = tmp_path_factory.mktemp("seeds")
     dev = dump_one_step(root / "device", "mlp", seed=0)
     bench = dump_one_step(root / "bench", "mlp", seed=1)
-    return compare(dev.input_param(bench), str(root / "out"))
+    return run_compare(dev, bench, root / "out")
 
 
 def _read(path):
@@ -96,14 +96,14 @@ def test_the_same_advice_with_a_failing_gate_names_its_first_suspect(cnn_bf16):
         render_html(cnn_bf16.table, failed)
 
 
-def test_a_copy_on_the_device_side_only_is_no_suspect_of_a_passing_run(tmp_path):
+def test_a_copy_on_the_device_side_only_is_no_suspect_of_a_passing_run(dump_step, compare_pair):
     def extra_copy(model):
         first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
         return [first.register_forward_pre_hook(lambda mod, args: (args[0].clone(),))]
 
-    dev = dump_one_step(tmp_path / "device", "mlp", seed=0, prepare=extra_copy)
-    bench = dump_one_step(tmp_path / "bench", "mlp", seed=0)
-    r = compare(dev.input_param(bench), str(tmp_path / "out"))
+    dev = dump_step("device", "mlp", seed=0, prepare=extra_copy)
+    bench = dump_step("bench", "mlp", seed=0)
+    r = compare_pair(dev, bench)
     assert r.advice.n_unpaired == 1 and r.passed
     assert r.first_suspect is None and r.advice.root_causes == []
     text = _read(r.advisor_path)
@@ -115,14 +115,14 @@ def test_a_copy_on_the_device_side_only_is_no_suspect_of_a_passing_run(tmp_path)
     assert "First suspect" not in html and '<div class="card' not in html
 
 
-def test_a_cast_on_the_device_side_only_is_said_device_not_npu(tmp_path):
+def test_a_cast_on_the_device_side_only_is_said_device_not_npu(dump_step, compare_pair):
     def lossy_cast(model):
         first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
         return [first.register_forward_pre_hook(lambda mod, args: (args[0].half().float(),))]
 
-    dev = dump_one_step(tmp_path / "device", "mlp", seed=0, prepare=lossy_cast)
-    bench = dump_one_step(tmp_path / "bench", "mlp", seed=0)
-    r = compare(dev.input_param(bench), str(tmp_path / "out"))
+    dev = dump_step("device", "mlp", seed=0, prepare=lossy_cast)
+    bench = dump_step("bench", "mlp", seed=0)
+    r = compare_pair(dev, bench)
     assert not r.passed and r.first_suspect.api == "Tensor_half_0_forward"
     assert r.first_suspect.kind == "unpaired"
     text = _read(r.advisor_path)
@@ -160,12 +160,12 @@ def test_inputs_that_differ_at_the_start_are_said_as_such(seeds):
     assert "wrong by itself" not in msg and "n/a" not in msg and ", own," not in msg
 
 
-def test_a_changed_argument_found_by_the_judgement_writes_no_unknown_numbers(tmp_path):
+def test_a_changed_argument_found_by_the_judgement_writes_no_unknown_numbers(dump_step, compare_pair):
     gelu = F.gelu
     tanh = patched(F, "gelu", lambda x, approximate="none": gelu(x, approximate="tanh"))
-    dev = dump_one_step(tmp_path / "device", "tiny_gpt", seed=0, around=lambda: tanh)
-    bench = dump_one_step(tmp_path / "bench", "tiny_gpt", seed=0)
-    r = compare(dev.input_param(bench), str(tmp_path / "out"))
+    dev = dump_step("device", "tiny_gpt", seed=0, around=lambda: tanh)
+    bench = dump_step("bench", "tiny_gpt", seed=0)
+    r = compare_pair(dev, bench)
     first = r.first_suspect
     assert not r.passed and "_gelu_0_forward" in first.api and first.fault == "changed argument"
     assert "approximate" in first.advice

@@ -2,12 +2,8 @@
 judge by value, or judges within budget, must not come first."""
 import pytest
 
-from real_dumps import dump_step
-
 torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
-
-from pytest_ptdbg import compare  # noqa: E402
 
 
 class Router(nn.Module):
@@ -37,10 +33,10 @@ def _router_step(autocast):
     return step
 
 
-def test_an_empty_like_written_later_is_never_a_suspect(tmp_path):
-    npu = dump_step(tmp_path / "npu", _router_step(True))
-    bench = dump_step(tmp_path / "bench", _router_step(False))
-    r = compare(npu.input_param(bench), str(tmp_path / "out"))
+def test_an_empty_like_written_later_is_never_a_suspect(dump_step, compare_pair):
+    npu = dump_step("npu", _router_step(True))
+    bench = dump_step("bench", _router_step(False))
+    r = compare_pair(npu, bench)
     empty = [s for s in r.advice.suspects if s.family == "Torch_empty_like"]
     assert not empty, r.advice.text()
     assert r.passed, r.advice.text()

@@ -15,11 +15,13 @@ import sys
 import numpy as np
 import pytest
 
+from comparing import input_param_for, run_compare
 from locations import REPO_ROOT
+from real_dumps import dump_one_step
 import torch
 
 import example_models as em
-from pytest_ptdbg import PrecisionDebugger, PrecisionError, assert_precision, compare
+from pytest_ptdbg import PrecisionError, assert_precision, compare
 from pytest_ptdbg.plugin.assertions import evaluate
 from pytest_ptdbg.format import records
 from pytest_ptdbg.format.manifest import write_manifest
@@ -41,25 +43,12 @@ def close_manifest(pkl):
     write_manifest(pkl, _complete_lines(pkl))
 
 
-def _dump(root, name, summary_only=False, step=em.train_step):
-    model, batch = em.mlp(seed=0)
-    dbg = PrecisionDebugger(dump_path=os.path.join(root, name), step=[0])
-    dbg.configure_hook(summary_only=summary_only)
-    with dbg:
-        step(model, batch)
-    dbg.close()
-    rank = records.rank_dir(os.path.join(root, name), 0, 0)
-    pkl = os.path.join(rank, records.pkl_name("api_stack"))
-    close_manifest(pkl)
-    return name
-
-
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("honest"))
     for kind, summary in (("full", False), ("stat", True)):
-        _dump(root, f"npu_{kind}", summary)
-        _dump(root, f"bench_{kind}", summary)
+        for side in ("npu", "bench"):
+            close_manifest(dump_one_step(os.path.join(root, f"{side}_{kind}"), summary_only=summary).pkl)
     return root
 
 
@@ -104,12 +93,11 @@ def pair(made, tmp_path, request):
 
 
 def run(npu, bench, kind, tmp_path, **kw):
+    """Compare the two sides of one ``kind`` ("stat": with no data folder named)."""
     full = kind == "full"
-    param = {"npu_pkl_path": npu.pkl, "bench_pkl_path": bench.pkl,
-             "npu_dump_data_dir": npu.data if full else "",
-             "bench_dump_data_dir": bench.data if full else "", "is_print_compare_log": False}
     kw.setdefault("replay_check", False)
-    return compare(param, str(tmp_path / "out"), **kw)
+    return run_compare(npu.pkl, bench.pkl, tmp_path / "out", npu_data=npu.data if full else "",
+                       bench_data=bench.data if full else "", **kw)
 
 
 def problem_names(result, what):
@@ -183,8 +171,7 @@ def test_npy_file_as_npu_pkl_fails(pair):
 def test_dev_null_as_input_is_a_clear_error_naming_it(pair):
     npu, bench, kind, tmp = pair
     with pytest.raises(ValueError, match="/dev/null"):
-        compare({"npu_pkl_path": "/dev/null", "bench_pkl_path": bench.pkl, "is_print_compare_log": False},
-                str(tmp / "out"))
+        compare(input_param_for("/dev/null", bench.pkl), str(tmp / "out"))
 
 
 @both
@@ -258,10 +245,9 @@ def test_fifo_in_place_of_npy_fails_at_once(pair):
     path = npu.npy(LAST)
     os.unlink(path)
     os.mkfifo(path)
+    param = input_param_for(npu.pkl, bench.pkl, npu_data=npu.data, bench_data=bench.data)
     code = ("from pytest_ptdbg import compare; "
-            f"r = compare({{'npu_pkl_path': {npu.pkl!r}, 'bench_pkl_path': {bench.pkl!r}, "
-            f"'npu_dump_data_dir': {npu.data!r}, 'bench_dump_data_dir': {bench.data!r}, "
-            f"'is_print_compare_log': False}}, {str(tmp / 'out')!r}); "   # replay check on: it reads files too
+            f"r = compare({param!r}, {str(tmp / 'out')!r}); "   # replay check on: it reads files too
             f"assert not r.passed and any({path!r} in p for p in r.problems), r.problems; print('ok')")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
@@ -323,16 +309,18 @@ def test_dtype_class_change_fails(pair):
 
 
 @both
-def test_call_on_one_side_only_fails(made, tmp_path, pair):
+def test_call_on_one_side_only_fails(made, dump_step, pair):
     """The device under test makes one extra call (a real torch call in its step): unpaired fails."""
     npu, bench, kind, tmp = pair
+    model, batch = em.mlp(seed=0)
 
-    def extra_step(model, batch):
+    def extra_step():
         torch.tanh(batch[0])
         return em.train_step(model, batch)
 
-    _dump(str(tmp_path), "extra", summary_only=kind == "stat", step=extra_step)
-    r = run(Side(str(tmp_path / "extra")), bench, kind, tmp)
+    extra = dump_step("extra", extra_step, summary_only=kind == "stat")
+    close_manifest(extra.pkl)
+    r = run(Side(extra.dump_path), bench, kind, tmp)
     extra = r.table[r.table["_api"] == "Torch_tanh_0_forward"]
     assert len(extra) and not extra["_paired"].any() and (extra["Accuracy Reached or Not"] == "No").all()
     assert not r.passed
@@ -368,9 +356,7 @@ def test_unusable_rows_never_rejudge_to_pass(pair):
         assert_precision(r)
     assert "unusable data" in str(exc.value) and "would have passed with" not in str(exc.value)
     bench.write_lines([])
-    empty = compare({"npu_pkl_path": npu.pkl, "bench_pkl_path": bench.pkl, "npu_dump_data_dir": "",
-                     "bench_dump_data_dir": "", "is_print_compare_log": False}, str(tmp / "o2"),
-                    replay_check=False)
+    empty = run_compare(npu.pkl, bench.pkl, tmp / "o2", npu_data="", bench_data="", replay_check=False)
     assert not evaluate(empty).passed and not evaluate(empty, **loose).passed
 
 
@@ -403,12 +389,10 @@ def _v4(base, out_value, with_data):
 
 
 @pytest.mark.parametrize("with_data", [True, False], ids=["full", "stat"])
-def test_ptdbg_v4_output_differing_by_5_fails_and_names_the_api(tmp_path, with_data):
+def test_ptdbg_v4_output_differing_by_5_fails_and_names_the_api(tmp_path, compare_pair, with_data):
     npu = _v4(str(tmp_path / "npu"), 5.0, with_data)
     bench = _v4(str(tmp_path / "bench"), 0.0, with_data)
-    r = compare({"npu_pkl_path": npu[0], "bench_pkl_path": bench[0], "npu_dump_data_dir": npu[1],
-                 "bench_dump_data_dir": bench[1], "is_print_compare_log": False}, str(tmp_path / "out"),
-                replay_check=False)
+    r = compare_pair(npu[0], bench[0], npu_data=npu[1], bench_data=bench[1], replay_check=False)
     names = set(r.table["NPU Name"])
     assert {"Functional_conv2d_0_forward_output", "Functional_conv2d_0_forward_input.1"} <= names
     row = r.table[r.table["NPU Name"] == "Functional_conv2d_0_forward_output"].iloc[0]
@@ -419,12 +403,10 @@ def test_ptdbg_v4_output_differing_by_5_fails_and_names_the_api(tmp_path, with_d
 
 
 @pytest.mark.parametrize("with_data", [True, False], ids=["full", "stat"])
-def test_ptdbg_v4_identical_dumps_pass_with_completeness_unknown_noted(tmp_path, with_data):
+def test_ptdbg_v4_identical_dumps_pass_with_completeness_unknown_noted(tmp_path, compare_pair, with_data):
     npu = _v4(str(tmp_path / "npu"), 0.0, with_data)
     bench = _v4(str(tmp_path / "bench"), 0.0, with_data)
-    r = compare({"npu_pkl_path": npu[0], "bench_pkl_path": bench[0], "npu_dump_data_dir": npu[1],
-                 "bench_dump_data_dir": bench[1], "is_print_compare_log": False}, str(tmp_path / "out"),
-                replay_check=False)
+    r = compare_pair(npu[0], bench[0], npu_data=npu[1], bench_data=bench[1], replay_check=False)
     assert len(r.table) == 3 and r.table["_paired"].all()
     assert r.passed and r.problems == []
     assert any(npu[0] in n and "completeness unknown" in n for n in r.notes)

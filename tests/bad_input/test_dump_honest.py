@@ -27,7 +27,8 @@ from locations import REPO_ROOT
 import torch
 
 import example_models as em
-from pytest_ptdbg import PrecisionDebugger, compare
+from pytest_ptdbg import PrecisionDebugger
+from real_dumps import dump_one_step
 from pytest_ptdbg.api import compare_distributed
 from pytest_ptdbg.cli import main as cli_main
 from pytest_ptdbg.format import records
@@ -54,12 +55,6 @@ def _by_name(rank):
     return {r[0]: r for r in _lines(rank) if not records.is_stack_record(r)}
 
 
-def _self_compare(rank, out, **kw):
-    kw.setdefault("replay_check", True)
-    return compare({"npu_pkl_path": rank, "bench_pkl_path": rank, "is_print_compare_log": False},
-                   str(out), **kw)
-
-
 def _verdicts(result):
     rep = result.judgement.replay if result.judgement is not None else None
     return {v.api: v for v in rep.verdicts} if rep is not None else {}
@@ -74,13 +69,9 @@ def _list_step(values, nested=None):
     return y
 
 
-def _dump_lists(root, values, nested=None, summary_only=False):
-    dbg = PrecisionDebugger(dump_path=str(root), step=[0])
-    dbg.configure_hook(summary_only=summary_only)
-    with dbg:
-        _list_step(values, nested)
-    dbg.close()
-    return _rank(root)
+def _dump_lists(dump_step, values, nested=None, summary_only=False):
+    """The list-building step dumped into ``d``; returns its rank folder."""
+    return dump_step("d", lambda: _list_step(values, nested), summary_only=summary_only).rank_dir
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +82,9 @@ def floats():
 
 # ------------------------------------------------------------------------ 1. a long list is data
 
-def test_long_list_argument_is_one_data_record_with_its_npy(tmp_path, floats):
+def test_long_list_argument_is_one_data_record_with_its_npy(floats, dump_step):
     nested = [[i * 7 % 13 for i in range(40)] for _ in range(30)]   # 1200 ints, shape [30, 40]
-    rank = _dump_lists(tmp_path / "d", floats, nested)
+    rank = _dump_lists(dump_step, floats, nested)
     recs = _by_name(rank)
     rec = recs["Torch_tensor_0_forward_input.0"]
     assert not [n for n in recs if n.startswith("Torch_tensor_0_forward_input.0.")]  # no per-element records
@@ -118,63 +109,53 @@ def _assert_small(rank):
     assert len(raw) < 100_000 and max(len(ln) for ln in raw.split(b"\n")) < 10_000
 
 
-def test_small_literals_stay_literals(tmp_path):
+def test_small_literals_stay_literals(dump_step):
     """A list of up to SEQ_DATA_MIN numbers (shapes, dims, small tensors) is recorded as before."""
-    rank = _dump_lists(tmp_path / "d", [0.5, -1.0, 2.0])
+    rank = _dump_lists(dump_step, [0.5, -1.0, 2.0])
     recs = _by_name(rank)
     assert recs["Torch_tensor_0_forward_input.0.0"][6]["call"] == {"args": [[0.5, -1.0, 2.0]], "kwargs": {}}
     assert [recs[f"Torch_tensor_0_forward_input.0.{i}"][5][0] for i in range(3)] == [0.5, -1.0, 2.0]
 
 
-def test_self_compare_of_a_long_list_dump_passes_and_replays_from_the_data(tmp_path, floats):
-    rank = _dump_lists(tmp_path / "d", floats)
-    r = _self_compare(rank, tmp_path / "out")
+def test_self_compare_of_a_long_list_dump_passes_and_replays_from_the_data(floats, dump_step, compare_pair):
+    rank = _dump_lists(dump_step, floats)
+    r = compare_pair(rank, rank)
     assert r.passed and not r.problems, r.problems
     v = _verdicts(r)["Torch_tensor_0_forward"]
     assert v.status == Status.WITHIN, v.reason   # replayed: torch.tensor(list rebuilt from the .npy)
 
 
-def test_replay_of_a_long_list_uses_the_saved_data_never_a_false_pass(tmp_path, floats):
+def test_replay_of_a_long_list_uses_the_saved_data_never_a_false_pass(floats, dump_step, compare_pair):
     """The list's saved data no longer gives the recorded output: the replay says so."""
-    rank = _dump_lists(tmp_path / "d", floats)
+    rank = _dump_lists(dump_step, floats)
     path = os.path.join(rank, "api_stack_dump", "Torch_tensor_0_forward_input.0.npy")
     arr = np.load(path)
     os.unlink(path)
     np.save(path, arr * 1.01)
-    r = _self_compare(rank, tmp_path / "out")
+    r = compare_pair(rank, rank)
     v = _verdicts(r)["Torch_tensor_0_forward"]
     assert v.status == Status.ROOT_CAUSE and not r.passed
 
 
-def test_mixed_long_list_is_data_but_named_not_replayable(tmp_path, floats):
+def test_mixed_long_list_is_data_but_named_not_replayable(floats, dump_step, compare_pair):
     mixed = [1] + floats[:999]            # ints and floats: the list cannot be rebuilt exactly
-    rank = _dump_lists(tmp_path / "d", mixed)
+    rank = _dump_lists(dump_step, mixed)
     rec = _by_name(rank)["Torch_tensor_0_forward_input.0"]
     assert rec[4] == [1000] and "repr" in rec[6]["call"]["args"][0]
-    v = _verdicts(_self_compare(rank, tmp_path / "out"))["Torch_tensor_0_forward"]
+    v = _verdicts(compare_pair(rank, rank))["Torch_tensor_0_forward"]
     assert v.status == Status.NOT_JUDGED and "recorded as data" in v.reason
 
 
-def test_statistics_only_dump_of_a_long_list_has_no_literal_and_passes(tmp_path, floats):
-    rank = _dump_lists(tmp_path / "d", floats, summary_only=True)
+def test_statistics_only_dump_of_a_long_list_has_no_literal_and_passes(floats, dump_step, compare_pair):
+    rank = _dump_lists(dump_step, floats, summary_only=True)
     rec = _by_name(rank)["Torch_tensor_0_forward_input.0"]
     assert rec[4] == [N_LIST] and "npy" not in rec[6]
     _assert_small(rank)
-    r = _self_compare(rank, tmp_path / "out")
+    r = compare_pair(rank, rank)
     assert r.passed and not r.problems, r.problems
 
 
 # ------------------------------------------------------------------------ 2. leftovers of a killed re-dump
-
-def _mlp_dump(root, step_fn=em.train_step, summary_only=False):
-    model, batch = em.mlp(seed=0)
-    dbg = PrecisionDebugger(dump_path=str(root), step=[0])
-    dbg.configure_hook(summary_only=summary_only)
-    with dbg:
-        step_fn(model, batch)
-    dbg.close()
-    return _rank(root)
-
 
 _KILLED_REDUMP = textwrap.dedent("""
     import os, shutil, sys, signal
@@ -192,7 +173,7 @@ _KILLED_REDUMP = textwrap.dedent("""
 
 def test_leftover_of_a_killed_redump_is_removed_at_next_start_and_compare_distributed_passes(tmp_path):
     root = tmp_path / "d"
-    rank = _mlp_dump(root)
+    rank = dump_one_step(root).rank_dir
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.path.join(REPO_ROOT, "tests"),
                                                        os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, "-c", _KILLED_REDUMP, str(root)], env=env, capture_output=True,
@@ -204,14 +185,14 @@ def test_leftover_of_a_killed_redump_is_removed_at_next_start_and_compare_distri
     # the leftover alone does not stop compare --distributed (the killed rank0 is incomplete: exit 1)
     out = tmp_path / "out"
     assert cli_main(["compare", "--distributed", "--no-replay", "-q", "-o", str(out), step, step]) == 1
-    _mlp_dump(root)                       # a successful re-dump
+    dump_one_step(root)                   # a successful re-dump
     assert glob.glob(os.path.join(step, "rank0.old-*")) == []
     assert cli_main(["compare", "--distributed", "--no-replay", "-q", "-o", str(out), step, step]) == 0
 
 
 def test_only_marked_real_folders_are_removed_and_lookalikes_are_named(tmp_path):
     root = tmp_path / "d"
-    rank = _mlp_dump(root)
+    rank = dump_one_step(root).rank_dir
     step = os.path.dirname(rank)
     mine = tmp_path / "users_folder"
     mine.mkdir()
@@ -222,7 +203,7 @@ def test_only_marked_real_folders_are_removed_and_lookalikes_are_named(tmp_path)
     os.mkdir(unmarked)
     with open(os.path.join(unmarked, "notes.txt"), "w") as f:
         f.write("not made by pytest-ptdbg")
-    _mlp_dump(root)                                   # start(): removes nothing of these
+    dump_one_step(root)                               # start(): removes nothing of these
     assert os.path.islink(os.path.join(step, "rank0.old-1-2")) and (mine / "keep.txt").exists()
     assert os.path.isfile(os.path.join(unmarked, "notes.txt"))
     with pytest.raises(ValueError) as e:
@@ -232,7 +213,7 @@ def test_only_marked_real_folders_are_removed_and_lookalikes_are_named(tmp_path)
 
 # ------------------------------------------------------------------------ 3. a folder moved mid-step
 
-def test_rank_folder_moved_between_segments_is_never_complete(tmp_path):
+def test_rank_folder_moved_between_segments_is_never_complete(tmp_path, compare_pair):
     """Two start/stop segments of one step; the rank folder is renamed between them. The moved
     folder holds the first half's records: its manifest must not say complete, and its self-compare
     fails naming the folder."""
@@ -251,12 +232,12 @@ def test_rank_folder_moved_between_segments_is_never_complete(tmp_path):
     dbg.close()
     doc = read_manifest(_pkl(moved))
     assert doc["complete"] is False and rank in doc["reason"], doc
-    r = _self_compare(moved, tmp_path / "out", replay_check=False)
+    r = compare_pair(moved, moved, replay_check=False)
     assert not r.passed and any(rank in p for p in r.problems), r.problems
 
 
 @pytest.mark.parametrize("summary_only", [True, False], ids=["summary", "full"])
-def test_rank_folder_moved_before_stop_is_marked_incomplete_where_it_went(tmp_path, summary_only):
+def test_rank_folder_moved_before_stop_is_marked_incomplete_where_it_went(tmp_path, summary_only, compare_pair):
     model, batch = em.mlp(seed=0)
     root = tmp_path / "d"
     dbg = PrecisionDebugger(dump_path=str(root), step=[0])
@@ -272,7 +253,7 @@ def test_rank_folder_moved_before_stop_is_marked_incomplete_where_it_went(tmp_pa
     dbg.close()
     doc = read_manifest(_pkl(moved))
     assert doc["complete"] is False and "moved" in doc["reason"] and rank in doc["reason"], doc
-    r = _self_compare(moved, tmp_path / "out", replay_check=False)
+    r = compare_pair(moved, moved, replay_check=False)
     assert not r.passed and any("moved" in p for p in r.problems), r.problems
 
 
@@ -280,7 +261,7 @@ def test_rank_folder_moved_before_stop_is_marked_incomplete_where_it_went(tmp_pa
 
 @pytest.fixture(scope="module")
 def full_dump(tmp_path_factory):
-    return _mlp_dump(tmp_path_factory.mktemp("full") / "d")
+    return dump_one_step(tmp_path_factory.mktemp("full") / "d").rank_dir
 
 
 def _copy(rank, dst):
@@ -310,10 +291,10 @@ def _pkl_and_manifest(rank, tmp):
 @pytest.mark.parametrize("damage, named", [
     (_all_npy, "have no file there"), (_data_folder, "data folder"), (_pkl_and_manifest, "data folder"),
 ], ids=["every_npy", "data_folder", "pkl_and_manifest_only"])
-def test_missing_data_fails_the_compare_naming_it(full_dump, tmp_path, damage, named):
+def test_missing_data_fails_the_compare_naming_it(full_dump, tmp_path, damage, named, compare_pair):
     rank = damage(_copy(full_dump, tmp_path / "c"), str(tmp_path))
     n = sum(1 for r in _lines(rank) if not records.is_stack_record(r) and "npy" in r[6])
-    r = _self_compare(rank, tmp_path / "out", replay_check=False)
+    r = compare_pair(rank, rank, replay_check=False)
     assert not r.passed
     msg = [p for p in r.problems if named in p]
     assert msg and f"{n} " in msg[0] and "Functional_linear_0_forward_input.0.npy" in msg[0], r.problems
@@ -322,29 +303,26 @@ def test_missing_data_fails_the_compare_naming_it(full_dump, tmp_path, damage, n
         assert cli_main(["compare", "--no-replay", "-q", "-o", str(tmp_path / "cli"), path, path]) == 1
 
 
-def test_a_missing_file_fails_a_statistics_compare_against_a_summary_dump(full_dump, tmp_path):
+def test_a_missing_file_fails_a_statistics_compare_against_a_summary_dump(full_dump, tmp_path, compare_pair):
     """The bench has statistics only, so the compare reads no file: the device dump's record whose
     file was deleted still fails it, named (a full compare fails its row, as before)."""
     rank = _copy(full_dump, tmp_path / "c")
     gone = os.path.join(rank, "api_stack_dump", "Functional_linear_2_forward_output.0.npy")
     os.unlink(gone)
-    bench = _mlp_dump(tmp_path / "bench", summary_only=True)
-    r = compare({"npu_pkl_path": rank, "bench_pkl_path": bench, "is_print_compare_log": False},
-                str(tmp_path / "out"), replay_check=False)
+    bench = dump_one_step(tmp_path / "bench", summary_only=True).rank_dir
+    r = compare_pair(rank, bench, replay_check=False)
     assert r.summary_compare and not r.passed
     assert any("1 of the" in p and os.path.basename(gone) in p for p in r.problems), r.problems
 
 
-def test_statistics_only_by_choice_still_passes(full_dump, tmp_path):
+def test_statistics_only_by_choice_still_passes(full_dump, tmp_path, compare_pair):
     """``data_dir=''`` / ``--summary``: the user asked for statistics only; nothing is looked up."""
     rank = _data_folder(_copy(full_dump, tmp_path / "c"), str(tmp_path))
-    r = compare({"npu_pkl_path": _pkl(rank), "bench_pkl_path": _pkl(rank), "npu_dump_data_dir": "",
-                 "bench_dump_data_dir": "", "is_print_compare_log": False}, str(tmp_path / "out"),
-                replay_check=False)
+    r = compare_pair(_pkl(rank), _pkl(rank), npu_data="", bench_data="", replay_check=False)
     assert r.passed and not r.problems, r.problems
     assert cli_main(["compare", "--summary", "--no-replay", "-q", "-o", str(tmp_path / "cli"), rank, rank]) == 0
 
 
-def test_intact_full_dump_self_compare_passes(full_dump, tmp_path):
-    r = _self_compare(full_dump, tmp_path / "out", replay_check=False)
+def test_intact_full_dump_self_compare_passes(full_dump, compare_pair):
+    r = compare_pair(full_dump, full_dump, replay_check=False)
     assert r.passed and not r.problems, r.problems

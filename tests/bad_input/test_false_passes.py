@@ -5,6 +5,7 @@ The planted fault: a real MLP train step whose relu scales its output by 1.001 i
 Each case adds one bad input beside it, or is a NaN/Inf run written the way a real run writes it;
 none may pass, and each names the record, call or file that could not be used.
 """
+import functools
 import json
 import math
 import os
@@ -17,9 +18,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from comparing import input_param_for  # noqa: E402
 from locations import REPO_ROOT  # noqa: E402
 from real_dumps import dump_one_step, patched, relu_times, step_paths  # noqa: E402
-from pytest_ptdbg import compare  # noqa: E402
 from pytest_ptdbg.comparison import metrics as M  # noqa: E402
 from pytest_ptdbg.dump.npy import NpyStream  # noqa: E402
 from pytest_ptdbg.format import records  # noqa: E402
@@ -64,10 +65,6 @@ def _edit(pkl, fn):
     write_manifest(pkl, n)   # a closed step: what fails is the edit, not the manifest
 
 
-def _compare(bad, bench, tmp, **kw):
-    return compare(bad.input_param(bench), str(tmp / "out"), **kw)
-
-
 def _causes(r):
     return [(c.api, str(c.cause)) for c in r.judgement.root_causes]
 
@@ -79,11 +76,11 @@ def _only_unusable(j, api):
     assert len(j.judged) == len(j.verdicts) - len(j.unusable) > 10 and not j.passed, j.text()
 
 
-def test_control_the_planted_fault_alone_fails_by_replay(pair):
+def test_control_the_planted_fault_alone_fails_by_replay(pair, compare_pair):
     bad, bench, tmp = pair
-    r = _compare(bad, bench, tmp)
+    r = compare_pair(bad, bench)
     assert not r.passed and not r.problems and (RELU, "own error over budget") in _causes(r), r.judgement.text()
-    clean = compare(bench.input_param(bench), str(tmp / "ok"))
+    clean = compare_pair(bench, bench, "ok")
     assert clean.passed, clean.judgement.text()
 
 
@@ -91,7 +88,7 @@ def test_control_the_planted_fault_alone_fails_by_replay(pair):
 
 
 @pytest.mark.parametrize("kwargs", [[0], "abc", 5], ids=["list", "str", "int"])
-def test_a_malformed_call_record_fails_named_and_every_other_call_is_still_replayed(pair, kwargs):
+def test_a_malformed_call_record_fails_named_and_every_other_call_is_still_replayed(pair, compare_pair, kwargs):
     bad, bench, tmp = pair
     name = f"{OTHER}_input.0"
 
@@ -102,7 +99,7 @@ def test_a_malformed_call_record_fails_named_and_every_other_call_is_still_repla
         return False
 
     _edit(bad.pkl, corrupt)
-    r = _compare(bad, bench, tmp)
+    r = compare_pair(bad, bench)
     assert not r.passed
     assert any(name in p and "kwargs" in p for p in r.problems), r.problems
     # the replay ran: the fault is still found by it, and the bad call is named as unusable
@@ -135,13 +132,13 @@ def _failing_run(target, exc):
 
 
 @pytest.mark.parametrize("target", [OTHER, RELU], ids=["unrelated_call", "faulty_call"])
-def test_a_replay_out_of_memory_fails_naming_the_call_and_the_rest_is_judged(pair, monkeypatch, target):
+def test_a_replay_out_of_memory_fails_naming_the_call_and_the_rest_is_judged(pair, compare_pair, monkeypatch, target):
     """numpy's MemoryError in one call's replay (what RLIMIT_AS gives on a large call) fails
     that call as not judged, named with the reason; every other call is still replayed."""
     bad, bench, tmp = pair
     monkeypatch.setattr(own_error, "_run", _failing_run(
         target, MemoryError("Unable to allocate 381. MiB for an array with shape (100000000,) and data type float32")))
-    r = _compare(bad, bench, tmp)
+    r = compare_pair(bad, bench)
     assert not r.passed
     assert any(target in u and "out of memory" in u for u in r.judgement.unusable), r.judgement.unusable
     _only_unusable(r.judgement.replay, target)
@@ -158,36 +155,34 @@ import torch
 import pytest_ptdbg.comparison.table as T
 from pytest_ptdbg import compare
 T.WORKERS = 1   # the limit is for the replay here, not for a worker pool
-root = sys.argv[1]
+root, param = sys.argv[1], json.loads(sys.argv[2])
 vm = [int(ln.split()[1]) << 10 for ln in open("/proc/self/status") if ln.startswith("VmSize:")][0]
 resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20),) * 2)
-r = compare({"npu_pkl_path": root + "/npu", "bench_pkl_path": root + "/bench", "is_print_compare_log": False},
-            root + "/out")
+r = compare(param, root + "/out")
 j = r.judgement
 print(json.dumps({"passed": r.passed, "unusable": j.unusable, "notes": r.notes, "problems": r.problems,
                   "judged": [v.api for v in j.replay.judged] if j.replay else None}))
 """
 
 
-def test_a_valid_dump_under_rlimit_as_fails_the_call_it_could_not_replay(tmp_path):
+def _relu_then_sigmoid(x, s):
+    torch.relu(x)
+    torch.sigmoid(s)
+
+
+def test_a_valid_dump_under_rlimit_as_fails_the_call_it_could_not_replay(tmp_path, dump_step):
     """A real allocation failure: a 64 MiB relu and a small sigmoid, compared with 256 MiB of
     address space left. The relu's float64 oracle cannot be allocated (numpy's MemoryError or
     torch's allocator's RuntimeError, depending on where it runs out): the relu could not be
     judged and the step fails naming it; the sigmoid is still replayed."""
-    from pytest_ptdbg import PrecisionDebugger
-
     for side in ("npu", "bench"):
         torch.manual_seed(0)
         x, s = torch.randn(16 << 20), torch.randn(64)
-        dbg = PrecisionDebugger(dump_path=str(tmp_path / side), step=[0])
-        dbg.configure_hook(summary_only=False)
-        with dbg:
-            torch.relu(x)
-            torch.sigmoid(s)
-        dbg.close()
+        dump_step(side, functools.partial(_relu_then_sigmoid, x, s))
         del x
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, str(tmp_path)], capture_output=True, text=True,
+    param = json.dumps(input_param_for(str(tmp_path / "npu"), str(tmp_path / "bench")))
+    p = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, str(tmp_path), param], capture_output=True, text=True,
                        timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -206,14 +201,14 @@ def test_any_unexpected_error_in_one_replay_fails_that_call_only(pair, monkeypat
     _only_unusable(j, OTHER)
 
 
-def test_a_judgement_that_cannot_start_is_a_failure_not_a_note(pair, monkeypatch):
+def test_a_judgement_that_cannot_start_is_a_failure_not_a_note(pair, compare_pair, monkeypatch):
     bad, bench, tmp = pair
     import pytest_ptdbg.judge.own_error as oe
 
     def broken(*a, **kw):
         raise MemoryError("Unable to allocate 381. MiB")
     monkeypatch.setattr(oe, "judge_dump", broken)
-    r = _compare(bench, bench, tmp)   # clean data: only the judgement that could not run fails it
+    r = compare_pair(bench, bench)   # clean data: only the judgement that could not run fails it
     assert not r.passed and any("replay check failed: MemoryError" in p for p in r.problems), r.problems
 
 
@@ -248,25 +243,23 @@ NAN, INF = math.nan, math.inf
                                    dict(Max=INF, Min=-INF, Mean=NAN, Norm=INF),
                                    dict(Max=INF, Min=INF, Mean=INF, Norm=INF)],
                          ids=["nan", "plus_minus_inf", "inf"])
-def test_an_msprobe_nan_run_fails_at_its_first_tensor(tmp_path, stats):
+def test_an_msprobe_nan_run_fails_at_its_first_tensor(tmp_path, compare_pair, stats):
     npu = _msprobe_copy(tmp_path, stats)
-    r = compare({"npu_pkl_path": npu, "bench_pkl_path": MSPROBE, "is_print_compare_log": False},
-                str(tmp_path / "out"))
+    r = compare_pair(npu, MSPROBE)
     assert not r.passed
     first = r.judgement.first
     assert first is not None and str(first.cause) == "NaN/Inf origin", r.judgement.text()
     assert first.row == 0 and first.api == r.table["_api"].iloc[0]
 
 
-def test_msprobe_max_minus_infinity_everywhere_is_an_unusable_record(tmp_path):
+def test_msprobe_max_minus_infinity_everywhere_is_an_unusable_record(tmp_path, compare_pair):
     npu = _msprobe_copy(tmp_path, dict(Max=-INF))
-    r = compare({"npu_pkl_path": npu, "bench_pkl_path": MSPROBE, "is_print_compare_log": False},
-                str(tmp_path / "out"))
+    r = compare_pair(npu, MSPROBE)
     assert not r.passed
     assert any("Functional.linear.0.forward.input.0" in p and "max -inf < min" in p for p in r.problems), r.problems[:3]
 
 
-def test_our_record_with_nan_statistics_and_no_nan_counted_is_unusable(pair):
+def test_our_record_with_nan_statistics_and_no_nan_counted_is_unusable(pair, compare_pair):
     bad, bench, tmp = pair
     name = f"{OTHER}_output.0"
 
@@ -280,12 +273,12 @@ def test_our_record_with_nan_statistics_and_no_nan_counted_is_unusable(pair):
     npu = step_paths(tmp / "npu")
     shutil.copytree(bench.dump_path, npu.dump_path)
     _edit(npu.pkl, corrupt)
-    r = compare(npu.input_param(bench, with_data=False), str(tmp / "out"))
+    r = compare_pair(npu, bench, with_data=False)
     assert not r.passed
     assert any(name in p and "contradictory statistics" in p for p in r.problems), r.problems
 
 
-def test_a_nan_the_bench_lacks_in_the_first_input_fails_with_replay_too(pair):
+def test_a_nan_the_bench_lacks_in_the_first_input_fails_with_replay_too(pair, compare_pair):
     """Tensors and statistics alike: a device input full of NaN (the bench's is finite) that every
     replay then reproduces is still the step's NaN origin."""
     bad, bench, tmp = pair
@@ -305,7 +298,7 @@ def test_a_nan_the_bench_lacks_in_the_first_input_fails_with_replay_too(pair):
             return True
         return False
     _edit(npu.pkl, corrupt)
-    r = compare(npu.input_param(bench), str(tmp / "out"))
+    r = compare_pair(npu, bench)
     assert not r.passed and not r.problems
     assert r.judgement.first is not None and str(r.judgement.first.cause) == "NaN/Inf origin", r.judgement.text()
 
@@ -319,7 +312,7 @@ def _header_only(path, shape, size=200):
         f.write(b"\0" * (size - f.tell()))
 
 
-def test_npy_header_of_2_32_by_2_32_is_unreadable_not_empty(pair):
+def test_npy_header_of_2_32_by_2_32_is_unreadable_not_empty(pair, compare_pair):
     bad, bench, tmp = pair
     name = f"{OTHER}_output.0"
     for side in (bad, bench):
@@ -327,7 +320,7 @@ def test_npy_header_of_2_32_by_2_32_is_unreadable_not_empty(pair):
         os.unlink(path)
         _header_only(path, (2 ** 32, 2 ** 32))
         _edit(side.pkl, lambda rec: rec[0] == name and rec.__setitem__(4, [2 ** 32, 2 ** 32]) is None)
-    r = _compare(bad, bench, tmp, replay_check=False)
+    r = compare_pair(bad, bench, replay_check=False)
     row = r.table[r.table["NPU Name"] == name].iloc[0]
     assert not r.passed and row["Accuracy Reached or Not"] == "No"
     assert "empty tensor" not in row["Err_message"] and bad.data_dir in row["Err_message"]
@@ -392,8 +385,7 @@ def test_chunked_metrics_over_memory_mapped_files_equal_the_one_shot_form(tmp_pa
 _PEAK = r"""
 from pytest_ptdbg import compare
 tmp = {tmp!r}
-r = compare({{"npu_pkl_path": tmp + "/npu", "bench_pkl_path": tmp + "/bench", "is_print_compare_log": False}},
-            tmp + "/out", replay_check=False)
+r = compare({param!r}, tmp + "/out", replay_check=False)
 row = r.table.iloc[0]
 hwm = [ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0]
 print(row["Cosine"], row["MaxAbsErr"], hwm)
@@ -413,7 +405,8 @@ def test_a_256_mib_pair_compares_in_a_few_blocks_of_memory(tmp_path):
     write_dump(str(tmp_path / "bench"), [Api("Torch_relu_0_forward", {"input.0": a})])
     del a
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", _PEAK.format(tmp=str(tmp_path))], capture_output=True,
+    script = _PEAK.format(tmp=str(tmp_path), param=input_param_for(str(tmp_path / "npu"), str(tmp_path / "bench")))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True,
                        text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     cos, mae, peak_kib = p.stdout.split()

@@ -16,11 +16,12 @@ import time
 
 import pytest
 
+from comparing import input_param_for
 from real_dumps import dump_one_step, perturb
 
 torch = pytest.importorskip("torch")
 
-from pytest_ptdbg import compare, compare_distributed  # noqa: E402
+from pytest_ptdbg import compare_distributed  # noqa: E402
 from pytest_ptdbg import api  # noqa: E402
 from pytest_ptdbg.format import records  # noqa: E402
 from pytest_ptdbg.format.manifest import write_manifest  # noqa: E402
@@ -39,17 +40,13 @@ def _seal(pkl):
         write_manifest(pkl, records=sum(1 for _ in f))
 
 
-def _dump(path, scale=None):
-    prepare = (lambda m: perturb(m, "fc1.weight", add=scale)) if scale is not None else None
-    dump_one_step(path, prepare=prepare)
-    _seal(_pkl(path))
-    return path
-
-
 @pytest.fixture(scope="module")
 def real(tmp_path_factory):
     root = tmp_path_factory.mktemp("outputs_cli")
-    return {"a": _dump(root / "a"), "b": _dump(root / "b"), "bad": _dump(root / "bad", scale=0.2)}
+    sides = {"a": None, "b": None, "bad": lambda m: perturb(m, "fc1.weight", add=0.2)}
+    for name, prepare in sides.items():
+        _seal(dump_one_step(root / name, prepare=prepare).pkl)
+    return {name: root / name for name in sides}
 
 
 def _copy(src, dst, ranks=(0,)):
@@ -57,10 +54,6 @@ def _copy(src, dst, ranks=(0,)):
     for r in ranks:
         shutil.copytree(records.rank_dir(str(src), 0, 0), records.rank_dir(str(dst), 0, r))
     return records.step_dir(str(dst), 0)
-
-
-def _param(npu, bench):
-    return {"npu_pkl_path": str(npu), "bench_pkl_path": str(bench), "is_print_compare_log": False}
 
 
 def _run(*args, timeout=180):
@@ -82,11 +75,10 @@ import json, os, sys, time
 from pytest_ptdbg import compare
 from pytest_ptdbg import api
 api._timestamp = lambda: {ts!r}
-open(sys.argv[4], "w").close()
-while not os.path.exists(sys.argv[5]):
+open(sys.argv[3], "w").close()
+while not os.path.exists(sys.argv[4]):
     time.sleep(0.001)
-r = compare({{"npu_pkl_path": sys.argv[1], "bench_pkl_path": sys.argv[2], "is_print_compare_log": False}},
-            sys.argv[3], replay_check=False)
+r = compare(json.loads(sys.argv[1]), sys.argv[2], replay_check=False)
 print(json.dumps([r.passed, r.csv_path, r.advisor_path, r.html_path]))
 """
 
@@ -96,7 +88,7 @@ def test_four_compares_into_one_folder_in_one_second_keep_four_report_sets(real,
     each process names the CSV holding its own rows (a failing compare's CSV has failing rows)."""
     out, go = tmp_path / "out", tmp_path / "go"
     sides = [real["a"], real["a"], real["bad"], real["bad"]]
-    procs = [subprocess.Popen([sys.executable, "-c", _RACER.format(ts=TS), str(npu), str(real["b"]),
+    procs = [subprocess.Popen([sys.executable, "-c", _RACER.format(ts=TS), json.dumps(input_param_for(npu, real["b"])),
                                str(out), str(tmp_path / f"ready{i}"), str(go)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i, npu in enumerate(sides)]
@@ -121,7 +113,7 @@ def test_four_compares_into_one_folder_in_one_second_keep_four_report_sets(real,
         assert ("No" in verdicts) == (not passed), csv_path
 
 
-def test_symlinks_planted_at_report_names_are_never_followed(real, tmp_path, monkeypatch):
+def test_symlinks_planted_at_report_names_are_never_followed(real, tmp_path, compare_pair, monkeypatch):
     """Links planted at the advisor and HTML names a compare would take are left alone: their
     target keeps its content and the compare takes a new suffix for all its files."""
     _fixed_names(monkeypatch)
@@ -133,7 +125,7 @@ def test_symlinks_planted_at_report_names_are_never_followed(real, tmp_path, mon
                f"advisor_{TS}_aaaa.txt", f"compare_result_{TS}_aaaa.html"]
     for name in planted:
         os.symlink(victim, out / name)
-    r = compare(_param(real["a"], real["b"]), str(out), replay_check=False)
+    r = compare_pair(real["a"], real["b"], replay_check=False)
     assert victim.read_text() == "precious\n"
     assert all(os.path.islink(out / n) for n in planted)
     for p in (r.csv_path, r.advisor_path, r.html_path):
@@ -179,7 +171,7 @@ def _rewrite(pkl, edit):
     _seal(pkl)
 
 
-def test_formula_in_a_dtype_field_is_escaped_in_the_csv_and_numbers_stay_numbers(real, tmp_path):
+def test_formula_in_a_dtype_field_is_escaped_in_the_csv_and_numbers_stay_numbers(real, tmp_path, compare_pair):
     """A dump's text fields that a spreadsheet would run (=, +, -, @ first) get a leading quote;
     negative statistics and a text field that reads as a number are written unchanged."""
     npu = tmp_path / "npu"
@@ -195,7 +187,7 @@ def test_formula_in_a_dtype_field_is_escaped_in_the_csv_and_numbers_stay_numbers
         return rec
 
     _rewrite(_pkl(npu), edit)
-    r = compare(_param(npu, real["b"]), str(tmp_path / "out"), replay_check=False)
+    r = compare_pair(npu, real["b"], replay_check=False)
     with open(r.csv_path, newline="", encoding="utf-8") as f:
         rows = {row["NPU Name"]: row for row in csv.DictReader(f)}
     for name, value in evil.items():
@@ -206,7 +198,7 @@ def test_formula_in_a_dtype_field_is_escaped_in_the_csv_and_numbers_stay_numbers
     assert all(not cell.startswith(("=", "+", "@")) for row in rows.values() for cell in row.values())
 
 
-def test_script_in_api_name_and_stack_frame_is_escaped_in_the_html(real, tmp_path):
+def test_script_in_api_name_and_stack_frame_is_escaped_in_the_html(real, tmp_path, compare_pair):
     """Guard (the HTML report already escaped these): an API name and a stack frame holding
     ``<script>`` appear escaped, never as markup."""
     npu = tmp_path / "npu"
@@ -220,7 +212,7 @@ def test_script_in_api_name_and_stack_frame_is_escaped_in_the_html(real, tmp_pat
         return rec
 
     _rewrite(_pkl(npu), edit)
-    r = compare(_param(npu, real["b"]), str(tmp_path / "out"), replay_check=False)
+    r = compare_pair(npu, real["b"], replay_check=False)
     html = open(r.html_path, encoding="utf-8").read()
     assert r.first_suspect is not None and tag in r.first_suspect.api
     assert "<script" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html

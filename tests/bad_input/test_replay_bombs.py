@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 import torch
 
+from comparing import input_param_for
 from locations import REPO_ROOT
-from example_models.models import mlp, train_step
-from pytest_ptdbg import PrecisionDebugger, compare
+from real_dumps import dump_one_step, step_paths
 from pytest_ptdbg.cli import main as ptdbg_main
 from pytest_ptdbg.format import records
 
@@ -41,26 +41,19 @@ LIMIT = 3 << 30
 # ------------------------------------------------------------------------------------ fixtures
 
 
-def _dump(root: str, acl: str = "") -> None:
-    model, batch = mlp()
-    dbg = PrecisionDebugger(dump_path=root, hook_name="dump", step=[0])
-    if acl:
-        cfg = os.path.join(os.path.dirname(root), "acl.json")
-        with open(cfg, "w") as fh:
-            json.dump({"dump": {"dump_list": [], "dump_path": acl, "dump_mode": "all", "dump_op_switch": "on"}}, fh)
-        dbg.configure_hook(mode="acl", scope=[TARGET], acl_config=cfg)
-    dbg.start()
-    train_step(model, batch)
-    dbg.stop()
-    dbg.close()
+def _acl_hook(cfg: str, acl: str) -> dict:
+    """``configure_hook`` arguments of an acl dump of the ReLU call into ``acl`` (config at ``cfg``)."""
+    with open(cfg, "w") as fh:
+        json.dump({"dump": {"dump_list": [], "dump_path": acl, "dump_mode": "all", "dump_op_switch": "on"}}, fh)
+    return dict(mode="acl", scope=[TARGET], acl_config=cfg)
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A full-tensor dump of an MLP step and the acl package of its ReLU call."""
     root = tmp_path_factory.mktemp("replay_bombs")
-    _dump(str(root / "npu"))
-    _dump(str(root / "acl_dump"), acl=str(root / "acl"))
+    dump_one_step(str(root / "npu"))
+    dump_one_step(str(root / "acl_dump"), hook=_acl_hook(str(root / "acl.json"), str(root / "acl")))
     pkgs = [r for r, _, files in os.walk(str(root / "acl")) if "package.json" in files]
     assert len(pkgs) == 1
     return {"npu": str(root / "npu"), "package": pkgs[0]}
@@ -97,13 +90,6 @@ def crafted_package(dst: str, base: dict, family: str, spec: dict, **fields) -> 
     with open(path, "w") as fh:
         json.dump(doc, fh)
     return dst
-
-
-def _param(dump_root: str) -> dict:
-    rank = records.rank_dir(dump_root, 0, 0)
-    data = os.path.join(rank, "api_stack_dump")
-    return {"npu_pkl_path": _pkl(dump_root), "bench_pkl_path": _pkl(dump_root), "npu_dump_data_dir": data,
-            "bench_dump_data_dir": data, "is_print_compare_log": False}
 
 
 def _env() -> dict:
@@ -169,7 +155,8 @@ def test_memory_bomb_in_compare_is_an_unusable_record(tmp_path, base, name):
     key = crafted_dump(npu, base, family, spec)
     out = tmp_path / "out"
     out.mkdir()
-    got = run_capped(tmp_path, "compare", "", key, json.dumps(_param(npu)), str(out))
+    param = input_param_for(step_paths(npu), step_paths(npu))
+    got = run_capped(tmp_path, "compare", "", key, json.dumps(param), str(out))
     assert "error" not in got, got["error"]
     assert got["status"] == "not judged", got
     assert "would make" in got["reason"] and key in got["reason"], got["reason"]
@@ -245,16 +232,14 @@ def test_guard_agrees_with_the_meta_device_and_allocates_nothing():
         assert family in str(info.value)
 
 
-def test_ordinary_calls_replay_exactly_as_without_the_guard(tmp_path, monkeypatch):
+def test_ordinary_calls_replay_exactly_as_without_the_guard(dump_step, monkeypatch):
     """Every call of real example-model steps passes the guard, and the judgement (status,
     reason, ratios, every field) is the same with the guard as without it."""
     from pytest_ptdbg.judge import allocation
     from pytest_ptdbg.judge.own_error import judge_dump
-    from real_dumps import dump_one_step
 
     for model in ("tiny_gpt", "cnn", "lstm"):
-        path = tmp_path / model
-        dump_one_step(path, model)
+        path = dump_step(model, model).dump_path
         guarded = judge_dump(str(path), device="cpu")
         assert not [v.api for v in guarded.verdicts if v.unusable or "would make" in v.reason]
         with monkeypatch.context() as m:
@@ -268,7 +253,7 @@ def test_ordinary_calls_replay_exactly_as_without_the_guard(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("sides", ["npu", "both"])
-def test_dropout_p_too_large_for_a_float_is_a_message(tmp_path, base, sides):
+def test_dropout_p_too_large_for_a_float_is_a_message(tmp_path, base, compare_pair, sides):
     spec = {"args": [T], "kwargs": {"p": 10 ** 400, "training": True}}
     npu, bench = str(tmp_path / "npu"), str(tmp_path / "bench")
     key = crafted_dump(npu, base, "Functional_dropout", spec)
@@ -276,9 +261,7 @@ def test_dropout_p_too_large_for_a_float_is_a_message(tmp_path, base, sides):
         crafted_dump(bench, base, "Functional_dropout", spec)
     else:
         shutil.copytree(base["npu"], bench)
-    param = dict(_param(npu), bench_pkl_path=_pkl(bench),
-                 bench_dump_data_dir=os.path.join(records.rank_dir(bench, 0, 0), "api_stack_dump"))
-    result = compare(param, str(tmp_path / "out"))
+    result = compare_pair(step_paths(npu), step_paths(bench))
     assert result.judgement.replay is not None, result.notes  # the judgement was not turned off
     v = result.judgement.replay.by_api()[key]
     assert str(v.status) == "not judged" and "p" in v.reason, v.reason

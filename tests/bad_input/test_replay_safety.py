@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import io
 import json
 import os
@@ -28,8 +29,10 @@ import pytest
 from locations import REPO_ROOT
 import torch
 
+from comparing import run_compare
 from example_models.models import mlp, train_step
-from pytest_ptdbg import PrecisionDebugger, compare
+from pytest_ptdbg import PrecisionDebugger
+from real_dumps import dump_one_step, step_paths
 from pytest_ptdbg.cli import main as ptdbg_main
 from pytest_ptdbg.format import records
 from pytest_ptdbg.judge import ReplayRefused
@@ -44,33 +47,17 @@ LEGIT = "Functional_linear_2_forward"
 # ------------------------------------------------------------------------------------ fixtures
 
 
-def _dump(root: str) -> str:
-    model, batch = mlp()
-    dbg = PrecisionDebugger(dump_path=root, hook_name="dump", step=[0])
-    dbg.start()
-    train_step(model, batch)
-    dbg.stop()
-    dbg.close()
-    return root
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """Two full-tensor dumps of the same MLP step and a legitimate acl package of its ReLU."""
     root = tmp_path_factory.mktemp("replay_safety")
-    _dump(str(root / "npu"))
-    _dump(str(root / "bench"))
+    dump_one_step(str(root / "npu"))
+    dump_one_step(str(root / "bench"))
     (root / "acl").mkdir()
     cfg = root / "acl" / "dump.json"
     cfg.write_text(json.dumps({"dump": {"dump_list": [], "dump_path": str(root / "acl" / "out"),
                                         "dump_mode": "all", "dump_op_switch": "on"}}))
-    model, batch = mlp()
-    dbg = PrecisionDebugger(dump_path=str(root / "acl" / "dump"), hook_name="dump", step=[0])
-    dbg.configure_hook(mode="acl", scope=[TARGET], acl_config=str(cfg))
-    dbg.start()
-    train_step(model, batch)
-    dbg.stop()
-    dbg.close()
+    dump_one_step(str(root / "acl" / "dump"), hook=dict(mode="acl", scope=[TARGET], acl_config=str(cfg)))
     pkgs = [r for r, _, files in os.walk(str(root / "acl" / "out")) if "package.json" in files]
     assert len(pkgs) == 1
     return {"npu": str(root / "npu"), "bench": str(root / "bench"), "package": pkgs[0]}
@@ -159,13 +146,6 @@ def crafted_package(tmp_path, base, family: str, spec: dict) -> str:
     return dst
 
 
-def _input_param(npu: str, bench: str) -> dict:
-    n, b = _rank(npu), _rank(bench)
-    return {"npu_pkl_path": os.path.join(n, "api_stack_dump.pkl"), "bench_pkl_path": os.path.join(b, "api_stack_dump.pkl"),
-            "npu_dump_data_dir": os.path.join(n, "api_stack_dump"),
-            "bench_dump_data_dir": os.path.join(b, "api_stack_dump"), "is_print_compare_log": False}
-
-
 class Outcome:
     """What one replay path did with a crafted record: the refusal text, or why it fell short.
 
@@ -200,7 +180,7 @@ def _attack(path: str, tmp_path, base, family: str, spec: dict) -> str:
         out = tmp_path / "out"
         out.mkdir()
         if path == "compare":
-            result = compare(_input_param(npu, bench), str(out))
+            result = run_compare(step_paths(npu), step_paths(bench), out)
             assert os.path.exists(result.csv_path) and len(result.table) > 50
             verdicts = {v.api: v for v in result.judgement.replay.verdicts}  # every call is a replay target
             assert key in verdicts, f"the crafted record was not a replay target: {sorted(verdicts)}"
@@ -405,7 +385,7 @@ def test_every_allowlist_entry_resolves_to_its_qualified_name():
     assert not forbidden & set(allowlist.REPLAYABLE)
 
 
-def test_example_model_calls_are_all_replayable(tmp_path):
+def test_example_model_calls_are_all_replayable(dump_step):
     """Every API family a real training step of the example models records is in the table, and
     its recorded arguments pass the judge (so the replay check works on real dumps)."""
     from example_models.models import bench_transformer, cnn, lstm, tiny_gpt
@@ -427,15 +407,9 @@ def test_example_model_calls_are_all_replayable(tmp_path):
     for name, factory, step in [("mlp", mlp, train_step), ("cnn", cnn, train_step), ("lstm", lstm, train_step),
                                 ("gpt", tiny_gpt, train_step), ("gru", gru, gru_foreach_adamw),
                                 ("transformer", lambda: bench_transformer(batch_size=2, seq_len=8), train_step)]:
-        root = str(tmp_path / name)
         model, batch = factory()
-        dbg = PrecisionDebugger(dump_path=root, hook_name="dump", step=[0])
-        dbg.configure_hook(mode="api_stack", summary_only=True)
-        dbg.start()
-        step(model, batch)
-        dbg.stop()
-        dbg.close()
-        for line in open(os.path.join(_rank(root), "api_stack_dump.pkl")):
+        dump = dump_step(name, functools.partial(step, model, batch), summary_only=True)
+        for line in open(dump.pkl):
             rec = json.loads(line)
             if len(rec) > 6 and isinstance(rec[6], dict) and "call" in rec[6]:
                 api = rec[0][: rec[0].rfind("_input.")]

@@ -52,14 +52,12 @@ def test_summary_compare_never_imports_torch(pair, tmp_path):
     assert "Max diff" in pd.read_csv(tmp_path / csv[0]).columns
 
 
-def test_summary_compare_of_full_dumps_says_why_it_judged_from_statistics(tmp_path):
+def test_summary_compare_of_full_dumps_says_why_it_judged_from_statistics(dump_step, tmp_path):
     """Both dumps hold full tensors (a real MLP step); ``--summary`` reads none. The advisor and
     the log say the statistics compare was asked for, never that the device dump has no tensors,
     and both sides of two CPU runs are the device and the bench, not an NPU."""
-    from real_dumps import dump_one_step
-
-    dev = dump_one_step(tmp_path / "device", "mlp", seed=0)
-    bench = dump_one_step(tmp_path / "bench", "mlp", seed=0)
+    dev = dump_step("device", "mlp", seed=0)
+    bench = dump_step("bench", "mlp", seed=0)
     assert os.listdir(dev.data_dir)       # it has them
     r = run("compare", dev.dump_path, bench.dump_path, "-o", str(tmp_path / "out"), "--summary")
     assert r.returncode == 0, r.stderr

@@ -3,12 +3,8 @@
 their tensor rows, so there is no argument row for it, and two identical runs agree."""
 import pytest
 
-from real_dumps import dump_step
-
 torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
-
-from pytest_ptdbg import compare  # noqa: E402
 
 
 class CatLSTM(nn.Module):
@@ -28,9 +24,9 @@ def _step():
     return lambda: m(x).pow(2).mean().backward()
 
 
-def test_a_list_of_tensors_has_no_argument_row_and_identical_runs_agree(tmp_path):
-    a, b = dump_step(tmp_path / "a", _step()), dump_step(tmp_path / "b", _step())
-    r = compare(a.input_param(b), str(tmp_path / "out"))
+def test_a_list_of_tensors_has_no_argument_row_and_identical_runs_agree(dump_step, compare_pair):
+    a, b = dump_step("a", _step()), dump_step("b", _step())
+    r = compare_pair(a, b)
     t = r.table
     nameless = t[(t["NPU Name"].astype(str) == "") | (t["Bench Name"].astype(str) == "")]
     assert nameless.empty, nameless[["_api", "_arg", "Err_message"]].to_string()

@@ -3,17 +3,11 @@ call recorded on one side only is classified as bookkeeping or value-changing.""
 import torch
 import torch.nn.functional as F
 
-from real_dumps import dump_one_step
-from pytest_ptdbg import compare
 
 
-def _compare(tmp_path, npu, bench, name="out"):
-    return compare(npu.input_param(bench), str(tmp_path / name), replay_check=False)
-
-
-def _gpt(path, **kw):
+def _gpt(dump_step, name, **kw):
     torch.manual_seed(0)   # the same dropout masks in every dump
-    return dump_one_step(path, "tiny_gpt", **kw)
+    return dump_step(name, "tiny_gpt", **kw)
 
 
 def _eps(value):
@@ -22,10 +16,10 @@ def _eps(value):
     return prepare
 
 
-def test_changed_layer_norm_eps_is_a_failing_argument_row_naming_both_values(tmp_path):
-    npu = _gpt(tmp_path / "npu", prepare=_eps(1e-2))
-    bench = _gpt(tmp_path / "bench")
-    r = _compare(tmp_path, npu, bench)
+def test_changed_layer_norm_eps_is_a_failing_argument_row_naming_both_values(dump_step, compare_pair):
+    npu = _gpt(dump_step, "npu", prepare=_eps(1e-2))
+    bench = _gpt(dump_step, "bench")
+    r = compare_pair(npu, bench, replay_check=False)
     t = r.table
     changed = t[t["_arg_changed"]]
     assert list(changed["_api"]) == ["Functional_layer_norm_0_forward"]
@@ -39,7 +33,7 @@ def test_changed_layer_norm_eps_is_a_failing_argument_row_naming_both_values(tmp
     same = args[~args["_arg_changed"]]
     assert len(same) > 20 and (same["Accuracy Reached or Not"] != "No").all()
     assert set(t.loc[(t["_arg"] == "eps") & ~t["_arg_changed"], "NPU max"]) == {1e-05}
-    clean = _compare(tmp_path, _gpt(tmp_path / "npu2"), bench, "out2")
+    clean = compare_pair(_gpt(dump_step, "npu2"), bench, "out2", replay_check=False)
     assert clean.passed and not clean.table["_arg_changed"].any()
 
 
@@ -53,10 +47,10 @@ class _Hook:
         return [model.fc1.register_forward_hook(lambda mod, inp, out: self.fn(out))]
 
 
-def test_a_stacklevel_difference_pairs_and_passes(tmp_path):
-    npu = dump_one_step(tmp_path / "npu", "mlp", prepare=_Hook(lambda out: (F.softmax(out, -1, _stacklevel=5), None)[1]))
-    bench = dump_one_step(tmp_path / "bench", "mlp", prepare=_Hook(lambda out: (F.softmax(out, -1), None)[1]))
-    r = _compare(tmp_path, npu, bench)
+def test_a_stacklevel_difference_pairs_and_passes(dump_step, compare_pair):
+    npu = dump_step("npu", "mlp", prepare=_Hook(lambda out: (F.softmax(out, -1, _stacklevel=5), None)[1]))
+    bench = dump_step("bench", "mlp", prepare=_Hook(lambda out: (F.softmax(out, -1), None)[1]))
+    r = compare_pair(npu, bench, replay_check=False)
     t = r.table
     sm = t[t["_api"] == "Functional_softmax_0_forward"]
     assert sm["_paired"].all() and (sm["_bench_api"] == "Functional_softmax_0_forward").all()
@@ -67,27 +61,27 @@ def test_a_stacklevel_difference_pairs_and_passes(tmp_path):
     assert r.passed, r.table.loc[~r.table["_passed"], ["NPU Name", "Err_message"]]
 
 
-def test_an_omitted_default_and_a_negative_dim_are_the_same_argument(tmp_path):
-    npu = dump_one_step(tmp_path / "npu", "mlp", prepare=_Hook(lambda out: (out.sum(-1, keepdim=False), None)[1]))
-    bench = dump_one_step(tmp_path / "bench", "mlp", prepare=_Hook(lambda out: (out.sum(1), None)[1]))
-    r = _compare(tmp_path, npu, bench)
+def test_an_omitted_default_and_a_negative_dim_are_the_same_argument(dump_step, compare_pair):
+    npu = dump_step("npu", "mlp", prepare=_Hook(lambda out: (out.sum(-1, keepdim=False), None)[1]))
+    bench = dump_step("bench", "mlp", prepare=_Hook(lambda out: (out.sum(1), None)[1]))
+    r = compare_pair(npu, bench, replay_check=False)
     s = r.table[r.table["_api"] == "Tensor_sum_0_forward"]
     assert s["_paired"].all() and not s["_arg_changed"].any() and r.passed
     assert set(s["_arg"]) == {"", "dim", "keepdim"}
     keep = s[s["_arg"] == "keepdim"].iloc[0]
     assert keep["Bench Name"] == "Tensor_sum_0_forward_input.keepdim" and keep["Bench max"] == 0.0
-    changed = _compare(tmp_path, npu, dump_one_step(tmp_path / "b2", "mlp", prepare=_Hook(
-        lambda out: (out.sum(0), None)[1])), "o2")
+    changed = compare_pair(npu, dump_step("b2", "mlp", prepare=_Hook(
+        lambda out: (out.sum(0), None)[1])), "o2", replay_check=False)
     row = changed.table[changed.table["_arg_changed"]]
     assert list(row["_arg"]) == ["dim"] and row["Err_message"].iloc[0] == "dim: 1 vs 0"
 
 
-def test_one_sided_casts_are_bookkeeping_or_value_changing(tmp_path):
+def test_one_sided_casts_are_bookkeeping_or_value_changing(dump_step, compare_pair):
     """NPU only: ``out.to(torch.bfloat16)`` (a cast to lower precision: value-changing, a root cause)
     then ``.float()`` of that bf16 value (exact: bookkeeping), as an autocast-only path makes them."""
-    npu = dump_one_step(tmp_path / "npu", "mlp", prepare=_Hook(lambda out: out.to(torch.bfloat16).float()))
-    bench = dump_one_step(tmp_path / "bench", "mlp")
-    t = _compare(tmp_path, npu, bench).table
+    npu = dump_step("npu", "mlp", prepare=_Hook(lambda out: out.to(torch.bfloat16).float()))
+    bench = dump_step("bench", "mlp")
+    t = compare_pair(npu, bench, replay_check=False).table
     to = t[t["_api"] == "Tensor_to_0_forward"]
     fl = t[t["_api"] == "Tensor_float_0_forward"]
     assert len(to) and (to["_code_path"] == "value-changing").all() and not to["_passed"].any()
@@ -97,17 +91,17 @@ def test_one_sided_casts_are_bookkeeping_or_value_changing(tmp_path):
     fb = t[t["_api"] == "Tensor_float_0_backward"]
     assert len(fb) and (fb["_code_path"] == "bookkeeping").all() and fb["_passed"].all()
     # statistics only: the same classification from the records' statistics
-    s = _compare(tmp_path, dump_one_step(tmp_path / "ns", "mlp", summary_only=True,
-                                         prepare=_Hook(lambda out: out.to(torch.bfloat16).float())),
-                 dump_one_step(tmp_path / "bs", "mlp", summary_only=True), "os").table
+    s = compare_pair(dump_step("ns", "mlp", summary_only=True,
+                               prepare=_Hook(lambda out: out.to(torch.bfloat16).float())),
+                     dump_step("bs", "mlp", summary_only=True), "os", replay_check=False).table
     assert (s.loc[s["_api"] == "Tensor_to_0_forward", "_code_path"] == "value-changing").all()
     assert (s.loc[s["_api"] == "Tensor_float_0_forward", "_code_path"] == "bookkeeping").all()
 
 
-def test_an_extra_exact_cast_does_not_fail_the_step(tmp_path):
-    npu = dump_one_step(tmp_path / "npu", "mlp", prepare=_Hook(lambda out: out.double().float().contiguous()))
-    bench = dump_one_step(tmp_path / "bench", "mlp")
-    r = _compare(tmp_path, npu, bench)
+def test_an_extra_exact_cast_does_not_fail_the_step(dump_step, compare_pair):
+    npu = dump_step("npu", "mlp", prepare=_Hook(lambda out: out.double().float().contiguous()))
+    bench = dump_step("bench", "mlp")
+    r = compare_pair(npu, bench, replay_check=False)
     one = r.table[~r.table["_paired"]]
     assert len(one) and (one["_code_path"] == "bookkeeping").all()
     assert r.passed, r.table.loc[~r.table["_passed"], ["NPU Name", "Err_message"]]

@@ -12,7 +12,8 @@ from pytest_ptdbg.comparison.schema import FULL_COLUMNS, SUMMARY_COLUMNS
 from pytest_ptdbg.format import records
 
 import dumps
-from locations import DATA_DIR
+from comparing import input_param_for
+from locations import DATA_DIR, step_paths
 
 CSV_FULL = FULL_COLUMNS
 CSV_SUMMARY = SUMMARY_COLUMNS
@@ -25,13 +26,8 @@ def _pair(tmp_path, npu_apis, bench_apis, **kw):
 
 
 def _param(npu, bench, data=True):
-    rn, rb = records.rank_dir(npu, 0, 0), records.rank_dir(bench, 0, 0)
-    p = {"npu_pkl_path": os.path.join(rn, "api_stack_dump.pkl"),
-         "bench_pkl_path": os.path.join(rb, "api_stack_dump.pkl"), "is_print_compare_log": False}
-    if data:
-        p["npu_dump_data_dir"] = os.path.join(rn, "api_stack_dump")
-        p["bench_dump_data_dir"] = os.path.join(rb, "api_stack_dump")
-    return p
+    """``input_param`` of two dump roots' step 0 rank 0 (their ``.pkl`` files; data folders unless ``data=False``)."""
+    return input_param_for(step_paths(npu), step_paths(bench), with_data=data)
 
 
 def test_clean_pair_writes_ptdbg_outputs(tmp_path):
@@ -79,31 +75,25 @@ def test_nan_appearing_is_flagged(tmp_path):
 
 
 @pytest.mark.parametrize("data", [True, False])
-def test_nan_statistics_raise_no_warning_into_a_strict_run(tmp_path, data):
+def test_nan_statistics_raise_no_warning_into_a_strict_run(tmp_path, dump_step, data):
     """NaN and Inf statistics are data: a compare under ``-W error`` (warnings as errors, as many
     CI runs are) judges them without a numpy RuntimeWarning."""
     import warnings
 
     import torch
 
-    from pytest_ptdbg import PrecisionDebugger
-
-    def run(root, scale):
-        dbg = PrecisionDebugger(dump_path=str(root), hook_name="dump", step=[0])
-        dbg.configure_hook(mode="api_stack", summary_only=not data)
+    def run(name, scale):
         x = torch.tensor([1.0, float("inf"), -2.0, 3.0] * 64)
-        dbg.start()
-        y = torch.relu(x) * scale  # Inf on both sides: inf - inf in the statistics
-        torch.tanh(y)
-        dbg.stop()
-        dbg.close()
-        return str(root / "ptdbg_dump_v4.0" / "step0" / "rank0")
 
-    npu, bench = run(tmp_path / "n", 1.5), run(tmp_path / "b", 1.0)
+        def step():
+            y = torch.relu(x) * scale  # Inf on both sides: inf - inf in the statistics
+            torch.tanh(y)
+        return dump_step(name, step, summary_only=not data).rank_dir
+
+    npu, bench = run("n", 1.5), run("b", 1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        r = compare({"npu_pkl_path": npu + "/api_stack_dump.pkl", "bench_pkl_path": bench + "/api_stack_dump.pkl",
-                     "is_print_compare_log": False}, str(tmp_path / "out"))
+        r = compare(input_param_for(npu + "/api_stack_dump.pkl", bench + "/api_stack_dump.pkl"), str(tmp_path / "out"))
     assert not r.passed and r.first_suspect.api == "Tensor_mul_0_forward"
 
 
@@ -118,8 +108,7 @@ def test_summary_compare_without_data_dirs(tmp_path):
     assert not math.isnan(row["_rel_l2"])
     # a statistics-only dump on one side also gives a summary compare, with a note
     dumps.write_dump(str(tmp_path / "stat"), dumps.mlp_apis(), save_data=False)
-    r2 = compare({"npu_pkl_path": npu, "bench_pkl_path": str(tmp_path / "stat"), "is_print_compare_log": False},
-                 str(tmp_path / "out2"))
+    r2 = compare(input_param_for(npu, str(tmp_path / "stat")), str(tmp_path / "out2"))
     assert r2.summary_compare and any("no saved tensors" in p for p in r2.notes)
 
 
@@ -217,8 +206,7 @@ def test_missing_dump_and_different_modes(tmp_path):
         compare({"npu_pkl_path": str(tmp_path)}, str(tmp_path / "o"))
     dumps.write_dump(str(tmp_path / "npu"), dumps.mlp_apis())
     dumps.write_dump(str(tmp_path / "bench"), dumps.mlp_apis()[:5], mode="list")
-    r = compare({"npu_pkl_path": str(tmp_path / "npu"), "bench_pkl_path": str(tmp_path / "bench"),
-                 "is_print_compare_log": False}, str(tmp_path / "o"))
+    r = compare(input_param_for(str(tmp_path / "npu"), str(tmp_path / "bench")), str(tmp_path / "o"))
     assert any("different modes" in p and "'list'" in p for p in r.notes)
     assert (~r.table["_paired"]).sum() > 0 and r.table["_paired"].sum() > 0
 
@@ -237,8 +225,7 @@ MSPROBE = os.path.join(DATA_DIR, "msprobe")
 
 @pytest.mark.skipif(not os.path.isdir(MSPROBE), reason="no msprobe sample")
 def test_msprobe_dumps(tmp_path):
-    p = {"npu_pkl_path": os.path.join(MSPROBE, "mlp_statistics_bf16"),
-         "bench_pkl_path": os.path.join(MSPROBE, "mlp_statistics_fp32"), "is_print_compare_log": False}
+    p = input_param_for(os.path.join(MSPROBE, "mlp_statistics_bf16"), os.path.join(MSPROBE, "mlp_statistics_fp32"))
     ptdbg_rule = compare(p, str(tmp_path / "a"))
     dtype_rule = compare(p, str(tmp_path / "b"), rule="dtype")
     for r in (ptdbg_rule, dtype_rule):
@@ -246,7 +233,7 @@ def test_msprobe_dumps(tmp_path):
         assert r.table["NPU Name"].iloc[0] == "Functional.linear.0.forward.input.0"
     pytest.importorskip("torch")
     t = os.path.join(MSPROBE, "mlp_tensor")
-    r = compare({"npu_pkl_path": t, "bench_pkl_path": t, "is_print_compare_log": False}, str(tmp_path / "c"))
+    r = compare(input_param_for(t, t), str(tmp_path / "c"))
     assert not r.summary_compare and r.passed and r.problems == []
     assert (r.table["Cosine"].dropna() > 1 - 1e-12).all() and r.table["Cosine"].notna().sum() > 20
 
@@ -271,7 +258,7 @@ def test_msprobe_dump_json_paths_find_their_tensors(tmp_path):
     dump_tensor_data beside them, as the CLI does; a ptdbg .pkl without them stays statistics."""
     pytest.importorskip("torch")
     j = os.path.join(MSPROBE, "mlp_tensor", "step0", "proc7910", "dump.json")
-    r = compare({"npu_pkl_path": j, "bench_pkl_path": j, "is_print_compare_log": False}, str(tmp_path / "c"))
+    r = compare(input_param_for(j, j), str(tmp_path / "c"))
     assert not r.summary_compare and r.passed
     assert r.table["Cosine"].notna().sum() > 20
 

@@ -22,7 +22,10 @@ import pandas as pd
 import pytest
 import torch
 
-from pytest_ptdbg import PrecisionDebugger, compare, compare_distributed
+from comparing import input_param_for, run_compare
+from locations import step_paths
+from pytest_ptdbg import compare_distributed
+from real_dumps import dump_user_step
 from pytest_ptdbg.comparison import table as T
 from pytest_ptdbg.dump import reader
 from pytest_ptdbg.errors import ConfigError
@@ -65,10 +68,7 @@ def _compare_script(d: str, out: str, prelude: str = "") -> str:
         from pytest_ptdbg.runtime import pool
         table.PROCESS_MIN_BYTES = {MIN_BYTES}
         pool.CALLER_SHARE = False   # the worker compares every chunk: its CSV is what is checked
-        d, p = {d!r}, {P!r}
-        r = compare({{"npu_pkl_path": f"{{d}}/npu_dump/{{p}}.pkl", "bench_pkl_path": f"{{d}}/gpu_dump/{{p}}.pkl",
-                     "npu_dump_data_dir": f"{{d}}/npu_dump/{{p}}", "bench_dump_data_dir": f"{{d}}/gpu_dump/{{p}}",
-                     "is_print_compare_log": False}}, {out!r}, stack_mode=True, replay_check=False)
+        r = compare({input_param_for(*_sides(d))!r}, {out!r}, stack_mode=True, replay_check=False)
         print(json.dumps({{"csv": r.csv_path, "pool": pool.LAST_RUN}}))
         """)
 
@@ -90,18 +90,12 @@ def _dump_pair(d: str) -> None:
         if side == "npu":
             with torch.no_grad():
                 m[3].weight.mul_(1 + 1e-3)
-        dbg = PrecisionDebugger(dump_path=os.path.join(d, f"{side}_dump"), hook_name="dump", step=[0])
-        dbg.configure_hook(mode="api_stack")
-        dbg.start()
-        m(x).sum().backward()
-        dbg.stop()
-        dbg.step()
+        dump_user_step(os.path.join(d, f"{side}_dump"), lambda: m(x).sum().backward())
 
 
-def _param(d: str) -> dict:
-    return {"npu_pkl_path": f"{d}/npu_dump/{P}.pkl", "bench_pkl_path": f"{d}/gpu_dump/{P}.pkl",
-            "npu_dump_data_dir": f"{d}/npu_dump/{P}", "bench_dump_data_dir": f"{d}/gpu_dump/{P}",
-            "is_print_compare_log": False}
+def _sides(d: str) -> tuple:
+    """The device and bench dumps of ``d`` (``npu_dump``, ``gpu_dump``)."""
+    return step_paths(f"{d}/npu_dump"), step_paths(f"{d}/gpu_dump")
 
 
 def _one_worker_csv(d: str, out: str, **kw) -> str:
@@ -109,7 +103,7 @@ def _one_worker_csv(d: str, out: str, **kw) -> str:
     old = T.WORKERS
     T.WORKERS = 1
     try:
-        r = compare(_param(d), out, stack_mode=True, **kw)
+        r = run_compare(*_sides(d), out, stack_mode=True, **kw)
     finally:
         T.WORKERS = old
     return open(r.csv_path).read()
@@ -167,7 +161,7 @@ def test_processes_that_cannot_start_give_the_same_csv(pair, tmp_path, monkeypat
     d, ref = pair
     monkeypatch.setattr(T, "PROCESS_MIN_BYTES", MIN_BYTES)
     monkeypatch.setattr(pool.subprocess, "Popen", _refuse)
-    r = compare(_param(d), str(tmp_path), stack_mode=True, replay_check=False)
+    r = run_compare(*_sides(d), tmp_path, stack_mode=True, replay_check=False)
     assert pool.LAST_RUN["started"] == 0 and pool.LAST_RUN["here"] > 0
     assert open(r.csv_path).read() == ref
 

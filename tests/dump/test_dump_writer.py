@@ -112,7 +112,7 @@ KILLED = textwrap.dedent("""
 """)
 
 
-def test_sigkill_leaves_a_readable_dump(tmp_path):
+def test_sigkill_leaves_a_readable_dump(tmp_path, compare_pair):
     out = str(tmp_path / "dump")
     proc = subprocess.Popen([sys.executable, "-c", KILLED.format(root=ROOT, out=out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -145,11 +145,7 @@ def test_sigkill_leaves_a_readable_dump(tmp_path):
                 assert os.path.isfile(os.path.join(data, rec[6]["npy"]))
     # and compare reads it up to the kill: the killed dump against itself agrees row by row, but
     # the compare fails, naming the dump as cut short (its manifest still says "not closed")
-    from pytest_ptdbg import compare
-
-    result = compare({"npu_pkl_path": pkl, "bench_pkl_path": pkl, "npu_dump_data_dir": data,
-                      "bench_dump_data_dir": data, "is_print_compare_log": False},
-                     str(tmp_path / "out"), replay_check=False)
+    result = compare_pair(pkl, pkl, npu_data=data, bench_data=data, replay_check=False)
     assert result.table["_passed"].all() and len(result.table) >= len(complete) // 2
     assert not result.passed and any(pkl in p and "not closed" in p and "killed" in p for p in result.problems)
     assert not [p for p in result.problems if "not found" in p]

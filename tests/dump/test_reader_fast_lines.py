@@ -52,10 +52,8 @@ def test_too_deep_extra_is_left_to_the_checked_path():
     assert not reader.nesting_ok(json.loads(line), reader.MAX_DEPTH)
 
 
-def test_every_line_of_a_real_dump_parses_as_json_loads(tmp_path):
-    from real_dumps import dump_one_step
-
-    d = dump_one_step(tmp_path / "d", "tiny_gpt")
+def test_every_line_of_a_real_dump_parses_as_json_loads(dump_step):
+    d = dump_step("d", "tiny_gpt")
     fast = reader._FastLines()
     n_fast = 0
     with open(d.pkl, encoding="utf-8") as f:
@@ -67,10 +65,8 @@ def test_every_line_of_a_real_dump_parses_as_json_loads(tmp_path):
     assert n_fast > 1000    # the writer's tensor records all take the fast path
 
 
-def test_real_dump_reads_the_same_without_the_fast_path(tmp_path, monkeypatch):
-    from real_dumps import dump_one_step
-
-    d = dump_one_step(tmp_path / "d", "tiny_gpt")
+def test_real_dump_reads_the_same_without_the_fast_path(dump_step, monkeypatch):
+    d = dump_step("d", "tiny_gpt")
     fast = reader.read_dump(d.rank_dir)
 
     class Never:

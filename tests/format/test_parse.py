@@ -4,6 +4,7 @@ from pytest_ptdbg import parse
 from pytest_ptdbg.format import records
 
 import dumps
+from comparing import input_param_for
 
 
 def test_parse_prints_stack_and_statistics(tmp_path, capsys):
@@ -35,6 +36,5 @@ def test_parse_name_works_whatever_was_imported_first(tmp_path, capsys):
 
     dumps.write_dump(str(tmp_path), dumps.mlp_apis())
     assert pytest_ptdbg.parse(str(tmp_path), "Torch_relu_0_forward")
-    r = pytest_ptdbg.compare({"npu_pkl_path": str(tmp_path), "bench_pkl_path": str(tmp_path),
-                              "is_print_compare_log": False}, str(tmp_path / "out"))
+    r = pytest_ptdbg.compare(input_param_for(str(tmp_path), str(tmp_path)), str(tmp_path / "out"))
     assert r.passed

@@ -15,8 +15,6 @@ from real_dumps import dump_one_step, patched, perturb
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
-from pytest_ptdbg import compare  # noqa: E402
-
 SCALE = 1000.0
 
 
@@ -38,30 +36,27 @@ def _bf16_linear(orig, call_index):
     return linear
 
 
-def _dump(root, fault=False, noise=0.0):
+def _planted(fault=False, noise=0.0):
+    """``dump_one_step`` arguments of a run: the large-logit softmax, ``noise`` on fc1, the fault."""
     def prepare(model):
         if noise:
             perturb(model, "fc1.weight", rel=noise)
         return [model.fc2.register_forward_hook(lambda m, i, o: F.softmax(o * SCALE, dim=-1))]
 
     around = (lambda: patched(F, "linear", _bf16_linear(F.linear, 2))) if fault else None
-    return dump_one_step(root, prepare=prepare, around=around).rank_dir
+    return dict(prepare=prepare, around=around)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     mk = tmp_path_factory.mktemp
-    return {"bench": _dump(mk("bench")), "fault": _dump(mk("fault"), fault=True),
-            "amp": _dump(mk("amp"), noise=1e-6)}
+    return {"bench": dump_one_step(mk("bench"), **_planted()).rank_dir,
+            "fault": dump_one_step(mk("fault"), **_planted(fault=True)).rank_dir,
+            "amp": dump_one_step(mk("amp"), **_planted(noise=1e-6)).rank_dir}
 
 
-def _compare(runs, npu, out, **kw):
-    return compare({"npu_pkl_path": runs[npu], "bench_pkl_path": runs["bench"], "is_print_compare_log": False},
-                   str(out), stack_mode=True, **kw)
-
-
-def test_reduced_precision_api_is_a_root_cause_over_its_budget(runs, tmp_path):
-    r = _compare(runs, "fault", tmp_path)
+def test_reduced_precision_api_is_a_root_cause_over_its_budget(runs, compare_pair):
+    r = compare_pair(runs["fault"], runs["bench"], stack_mode=True)
     assert not r.passed and r.gate == "judge"
     first = r.first_suspect
     assert first.api == "Functional_linear_2_forward" and first.kind == "own", r.advice.text()
@@ -79,9 +74,11 @@ def test_reduced_precision_api_is_a_root_cause_over_its_budget(runs, tmp_path):
     assert "float32" in first.advice and not r.problems
 
 
-def test_amplified_upstream_difference_is_within_budget_and_labelled(runs, tmp_path):
-    assert _compare(runs, "amp", tmp_path / "default").passed  # 1e-6 weight noise: no root cause
-    r = _compare(runs, "amp", tmp_path, rule="dtype")  # the dtype rule fails the softmax's rows ...
+def test_amplified_upstream_difference_is_within_budget_and_labelled(runs, compare_pair):
+    # 1e-6 weight noise: no root cause
+    assert compare_pair(runs["amp"], runs["bench"], "default", stack_mode=True).passed
+    # the dtype rule fails the softmax's rows ...
+    r = compare_pair(runs["amp"], runs["bench"], stack_mode=True, rule="dtype")
     assert not r.passed and r.gate == "dtype"
     assert r.judgement.passed, r.judgement.text()  # ... the default judgement does not
     verdicts = r.judgement.replay.by_api()
@@ -95,8 +92,8 @@ def test_amplified_upstream_difference_is_within_budget_and_labelled(runs, tmp_p
         assert str(verdicts[soft.api].status) == "within budget" and verdicts[soft.api].ratio <= 1
 
 
-def test_without_replay_the_step_is_judged_from_statistics(runs, tmp_path):
-    r = _compare(runs, "fault", tmp_path, replay_check=False)
+def test_without_replay_the_step_is_judged_from_statistics(runs, compare_pair):
+    r = compare_pair(runs["fault"], runs["bench"], stack_mode=True, replay_check=False)
     assert r.judgement.replay is None and r.judgement.by_statistics
     # the bf16 rounding (2e-3 of the range) is below what statistics resolve (1%): weaker, and said
     assert "localisation is weaker" in open(r.advisor_path).read()

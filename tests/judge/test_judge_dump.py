@@ -8,7 +8,6 @@ from real_dumps import dump_one_step, patched, relu_times
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
-from pytest_ptdbg import compare  # noqa: E402
 from pytest_ptdbg.judge import judge_dump  # noqa: E402
 
 
@@ -44,65 +43,50 @@ def test_statistics_only_dump_is_listed_not_judged(dumps):
     assert {v.reason for v in j.not_judged} == {"statistics only (no saved tensors)"}
 
 
-def test_full_device_dump_against_a_statistics_only_golden_is_judged_by_replay(dumps, tmp_path):
+def test_full_device_dump_against_a_statistics_only_golden_is_judged_by_replay(dumps, compare_pair):
     def pkl(rank):
         return os.path.join(rank, "api_stack_dump.pkl")
 
     def data(rank):
         return os.path.join(rank, "api_stack_dump")
 
-    param = {"npu_pkl_path": pkl(dumps["bad"]), "npu_dump_data_dir": data(dumps["bad"]),
-             "bench_pkl_path": pkl(dumps["stats"]), "is_print_compare_log": False}
-    r = compare(param, str(tmp_path / "out"))
+    r = compare_pair(pkl(dumps["bad"]), pkl(dumps["stats"]), npu_data=data(dumps["bad"]))
     assert r.summary_compare and r.judgement.replay is not None
     assert not r.passed and r.first_suspect.api == "Torch_relu_0_forward", r.advice.text()
-    ok = dict(param, npu_pkl_path=pkl(dumps["clean"]), npu_dump_data_dir=data(dumps["clean"]))
-    assert compare(ok, str(tmp_path / "ok")).passed
+    assert compare_pair(pkl(dumps["clean"]), pkl(dumps["stats"]), "ok", npu_data=data(dumps["clean"])).passed
     assert os.path.exists(r.advisor_path)
 
 
-def test_multihead_attention_with_dropout_is_not_judged_without_a_generator_state(tmp_path):
+def test_multihead_attention_with_dropout_is_not_judged_without_a_generator_state(dump_step):
     """nn.TransformerEncoderLayer in training: F.multi_head_attention_forward drops attention
     weights (dropout_p=0.1) that a replay cannot draw again; a clean step has no root cause, the
     attention calls are listed as not judged, the rest is judged."""
-    from pytest_ptdbg import PrecisionDebugger
-    from pytest_ptdbg.format import records
-
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.1)
     x = torch.randn(6, 2, 32)
-    dbg = PrecisionDebugger(dump_path=str(tmp_path), step=[0])
-    dbg.configure_hook(mode="api_stack")
-    dbg.start()
-    layer(layer(x)).sum().backward()   # the second call's inputs require grad
-    dbg.stop()
-    j = judge_dump(records.rank_dir(str(tmp_path)))
+    # the second call's inputs require grad
+    rank = dump_step("dump", lambda: layer(layer(x)).sum().backward()).rank_dir
+    j = judge_dump(rank)
     assert j.passed and not j.root_causes, j.text()
     mha = [v for v in j.not_judged if v.family == "Functional_multi_head_attention_forward"]
     assert len(mha) == 4 and all("dropout_p=0.1" in v.reason for v in mha), j.text()
     assert any(v.family == "Functional_linear" and str(v.status) == "within budget" for v in j.verdicts)
 
 
-def test_a_call_the_replay_cannot_judge_is_judged_from_its_statistics(tmp_path, monkeypatch):
+def test_a_call_the_replay_cannot_judge_is_judged_from_its_statistics(dump_step, compare_pair, monkeypatch):
     """A faulty API outside the replay allowlist (here relu, taken out of the table) must not pass
     unseen: the calls around it are right for their own inputs, so only its statistics show it."""
     from pytest_ptdbg.judge import allowlist
 
-    clean = dump_one_step(tmp_path / "clean").rank_dir
-    bad = dump_one_step(tmp_path / "bad", around=lambda: patched(torch, "relu", relu_times(1.05)(torch.relu))).rank_dir
+    clean = dump_step("clean")
+    bad = dump_step("bad", around=lambda: patched(torch, "relu", relu_times(1.05)(torch.relu)))
     for key in [k for k in allowlist.REPLAYABLE if k.endswith("_relu")]:
         monkeypatch.delitem(allowlist.REPLAYABLE, key)
 
-    def param(npu):
-        return {"npu_pkl_path": os.path.join(npu, "api_stack_dump.pkl"),
-                "npu_dump_data_dir": os.path.join(npu, "api_stack_dump"),
-                "bench_pkl_path": os.path.join(clean, "api_stack_dump.pkl"),
-                "bench_dump_data_dir": os.path.join(clean, "api_stack_dump"), "is_print_compare_log": False}
-
-    r = compare(param(bad), str(tmp_path / "out"))
+    r = compare_pair(bad, clean)
     relu = [v for v in r.judgement.replay.not_judged if v.family == "Torch_relu"]
     assert relu, r.judgement.text()                       # the replay could not judge it ...
     assert not r.passed                                   # ... and the step still fails, on it
     assert r.judgement.first.api == "Torch_relu_0_forward", r.judgement.text()
     assert "judged from statistics" in r.judgement.first.detail
-    assert compare(param(clean), str(tmp_path / "ok")).passed
+    assert compare_pair(clean, clean, "ok").passed

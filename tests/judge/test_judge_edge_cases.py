@@ -8,12 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 
-from real_dumps import dump_step  # noqa: E402
 from pytest_ptdbg.judge import judge_dump  # noqa: E402
-
-
-def _dump(path, step):
-    return dump_step(path, step).rank_dir
 
 
 def _npy(rank, name):
@@ -30,7 +25,7 @@ def _nudge(path, idx=(0, 5)):
     np.save(path, b.reshape(a.shape))
 
 
-def test_a_bias_gradient_whose_reference_is_exact_still_has_a_rounding_budget(tmp_path):
+def test_a_bias_gradient_whose_reference_is_exact_still_has_a_rounding_budget(dump_step):
     """GPT-NeoX under bf16 autocast: a layer norm feeding an autocast linear gets bf16-valued
     gradients, so its bias gradient (a sum of them) is exact in the CPU's order; a device that
     sums in another order is one rounding off, which is not a root cause. A cast, which only
@@ -44,7 +39,7 @@ def test_a_bias_gradient_whose_reference_is_exact_still_has_a_rounding_budget(tm
             y = lin(ln(x))
         y.float().pow(2).mean().backward()
 
-    rank = _dump(tmp_path, step)
+    rank = dump_step("dump", step).rank_dir
     before = judge_dump(rank)
     assert before.passed, before.text()
     _nudge(_npy(rank, "Functional_layer_norm_0_backward_output.3"))
@@ -70,10 +65,10 @@ def _conv_bn_step(channels_last):
     return lambda: nn.functional.cross_entropy(m(x), y).backward()
 
 
-def test_a_channels_last_step_is_replayed_in_its_recorded_layout(tmp_path):
+def test_a_channels_last_step_is_replayed_in_its_recorded_layout(dump_step):
     """A ResNet block in channels_last: BatchNorm's channels-last kernel sums in another order
     than its contiguous kernel; replayed in the layout it was called with, it is within budget."""
-    rank = _dump(tmp_path, _conv_bn_step(True))
+    rank = dump_step("dump", _conv_bn_step(True)).rank_dir
     with open(os.path.join(rank, "api_stack_dump.pkl")) as f:
         assert '"strides": {"input.0": [4096, 1, 256, 16]}' in f.read()
     j = judge_dump(rank)
@@ -82,9 +77,9 @@ def test_a_channels_last_step_is_replayed_in_its_recorded_layout(tmp_path):
     assert j.passed, j.text()
 
 
-def test_a_crafted_layout_is_refused_not_replayed(tmp_path):
+def test_a_crafted_layout_is_refused_not_replayed(dump_step):
     """Strides that would overlap memory are not handed to ``empty_strided``: the call is not judged."""
-    rank = _dump(tmp_path, _conv_bn_step(True))
+    rank = dump_step("dump", _conv_bn_step(True)).rank_dir
     pkl = os.path.join(rank, "api_stack_dump.pkl")
     with open(pkl) as f:
         text = f.read()
@@ -106,17 +101,14 @@ def _zero_bias_step(noise):
 
 
 @pytest.mark.parametrize("summary_only", [False, True])
-def test_a_zero_bias_with_noise_is_judged_at_the_scale_of_its_data(tmp_path, summary_only):
+def test_a_zero_bias_with_noise_is_judged_at_the_scale_of_its_data(dump_step, compare_pair, summary_only):
     """A zero-initialised LayerNorm bias with absolute 1e-6 noise on one side differs by 1e-6 at
     the scale of the data it is added to (RMS 1), not by 1.0 relative to zero; a bias that is
     really different (0.1) still makes the inputs differ at the start."""
-    from real_dumps import dump_step
-    from pytest_ptdbg import compare
-
-    bench = dump_step(tmp_path / "bench", _zero_bias_step(0.0))
+    bench = dump_step("bench", _zero_bias_step(0.0))
     for noise, differs in ((1e-6, False), (1e-1, True)):
-        npu = dump_step(tmp_path / f"npu{noise}", _zero_bias_step(noise))
-        r = compare(npu.input_param(bench, with_data=not summary_only), str(tmp_path / f"out{noise}"))
+        npu = dump_step(f"npu{noise}", _zero_bias_step(noise))
+        r = compare_pair(npu, bench, f"out{noise}", with_data=not summary_only)
         start = [c for c in r.judgement.root_causes if str(c.cause) == "inputs differ at the start"]
         assert bool(start) == differs, r.judgement.text()
         assert r.passed == (not differs), r.judgement.text()
@@ -157,26 +149,23 @@ def _residual_step(downcast, autocast):
     return step
 
 
-def test_a_downcast_of_the_residual_stream_under_autocast_is_the_root_cause(tmp_path):
+def test_a_downcast_of_the_residual_stream_under_autocast_is_the_root_cause(dump_step, compare_pair):
     """``x.to(h.dtype)`` is bf16 on the autocast device, a no-op on the float32 bench: right for
     its inputs and its dtype follows the run, yet the RMSNorm then computes in float32 on bf16
     values. The cast's forward is named and the step fails; the attention's casts, whose values
     only autocast-lowered matmuls compute on, stay clean."""
-    from real_dumps import dump_step
-    from pytest_ptdbg import compare
-
-    bench = dump_step(tmp_path / "bench", _residual_step(True, False))
-    npu = dump_step(tmp_path / "npu", _residual_step(True, True))
-    r = compare(npu.input_param(bench), str(tmp_path / "out"))
+    bench = dump_step("bench", _residual_step(True, False))
+    npu = dump_step("npu", _residual_step(True, True))
+    r = compare_pair(npu, bench, "out")
     assert not r.passed, r.judgement.text()
     first = r.judgement.root_causes[0]
     assert first.api == "Tensor_to_2_forward" and str(first.cause) == "changed argument", r.judgement.text()
     assert "torch.bfloat16 vs torch.float32" in first.detail and "Tensor_to_3_forward" in first.detail
     assert r.first_suspect.api == "Tensor_to_2_forward", r.advice.text()
     # the same code without the residual downcast: only the attention's casts, clean
-    npu = dump_step(tmp_path / "clean", _residual_step(False, True))
-    bench = dump_step(tmp_path / "bench_clean", _residual_step(False, False))
-    r = compare(npu.input_param(bench), str(tmp_path / "out_clean"))
+    npu = dump_step("clean", _residual_step(False, True))
+    bench = dump_step("bench_clean", _residual_step(False, False))
+    r = compare_pair(npu, bench, "out_clean")
     assert r.passed, r.judgement.text()
 
 
@@ -207,20 +196,17 @@ def _t5_step(autocast, mask_dtype=None):
     return step
 
 
-def test_a_where_on_finfo_numbers_of_the_runs_precision_is_replayed_on_its_own_arguments(tmp_path):
+def test_a_where_on_finfo_numbers_of_the_runs_precision_is_replayed_on_its_own_arguments(dump_step, compare_pair):
     """T5 under bf16 autocast: the device's where picks bf16's finfo.max, the bench's float32's.
     Replayed from its own recorded inputs the where is exact, so the clean step passes; a finfo
     number of a precision the device never computed in (float16's, in a float32 run) is still
     the bench's argument, and its where is a root cause."""
-    from real_dumps import dump_step
-    from pytest_ptdbg import compare
-
-    bench = dump_step(tmp_path / "bench", _t5_step(False))
-    npu = dump_step(tmp_path / "npu", _t5_step(True))
-    r = compare(npu.input_param(bench), str(tmp_path / "out"))
+    bench = dump_step("bench", _t5_step(False))
+    npu = dump_step("npu", _t5_step(True))
+    r = compare_pair(npu, bench, "out")
     where = r.judgement.replay.by_api()["Torch_where_0_forward"]
     assert str(where.status) == "within budget" and where.bench_arguments and where.ratio == 0, r.judgement.text()
     assert r.passed, r.judgement.text()
-    fp16 = dump_step(tmp_path / "fp16", _t5_step(False, mask_dtype=torch.float16))
-    r = compare(fp16.input_param(bench), str(tmp_path / "out16"))
+    fp16 = dump_step("fp16", _t5_step(False, mask_dtype=torch.float16))
+    r = compare_pair(fp16, bench, "out16")
     assert not r.passed and r.judgement.root_causes[0].api == "Torch_where_0_forward", r.judgement.text()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import example_models as em
+from comparing import input_param_for
 from pytest_ptdbg import PrecisionError, assert_precision, compare
 from pytest_ptdbg.plugin.assertions import evaluate
 from pytest_ptdbg.plugin.compat import to_thresholds
@@ -22,12 +23,6 @@ def _flip_second_layer(model, batch):
     w = model.fc2.weight.data.numpy()
     w *= -1.0
     return em.train_step(model, batch)
-
-
-def _params(npu, bench):
-    return {"npu_pkl_path": npu.pkl_path, "bench_pkl_path": bench.pkl_path,
-            "npu_dump_data_dir": npu.data_dir, "bench_dump_data_dir": bench.data_dir,
-            "is_print_compare_log": False}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +45,7 @@ def sides(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dumps(sides):
     out, root = sides
-    return _params(out["flip"], out["bench"]), root
+    return input_param_for(out["flip"], out["bench"]), root
 
 
 def _compare(params, out, settings, **kw):
@@ -100,7 +95,7 @@ def test_thresholds_on_a_compare_result_judge_its_table_again(sides, dumps):
     assert not failing.table["_passed"].all()           # the result itself is left as it was
 
     out, _ = sides
-    bf16 = _params(out["bf16"], out["bench"])
+    bf16 = input_param_for(out["bf16"], out["bench"])
     passing = compare(bf16, str(root / "out4"), replay_check=False, rule="ptdbg")
     assert_precision(passing)                           # bf16 rounding passes ptdbg's defaults
     strict = {"cosine": 0.99999, "max_abs": 1e-6}
@@ -126,7 +121,7 @@ def test_thresholds_on_a_compare_result_judge_its_table_again(sides, dumps):
 
 def test_dtype_rule_rows_the_table_cannot_decide(sides, dumps):
     out, root = sides
-    bf16 = _params(out["bf16"], out["bench"])
+    bf16 = input_param_for(out["bf16"], out["bench"])
     result = compare(bf16, str(root / "out6"), replay_check=False)
     assert result.input_param["npu_pkl_path"] == bf16["npu_pkl_path"]
     # without its inputs, the rows the table cannot decide are named

@@ -136,15 +136,15 @@ def test_csv_text_is_byte_identical_to_pandas_to_csv(stack_mode, block, monkeypa
 
 
 @pytest.mark.parametrize("summary", [False, True])
-def test_csv_text_of_a_real_tiny_gpt_compare_is_pandas_to_csv(tmp_path, summary):
-    from real_dumps import dump_one_step, perturb
+def test_csv_text_of_a_real_tiny_gpt_compare_is_pandas_to_csv(dump_step, summary):
+    from real_dumps import perturb
 
     from pytest_ptdbg.comparison.table import build_table
     from pytest_ptdbg.dump.reader import read_dump
 
-    npu = dump_one_step(tmp_path / "n", "tiny_gpt", summary_only=summary,
-                        prepare=lambda m: perturb(m, "blocks.0.attn.qkv.weight", rel=1e-2))
-    bench = dump_one_step(tmp_path / "b", "tiny_gpt", summary_only=summary)
+    npu = dump_step("n", "tiny_gpt", summary_only=summary,
+                    prepare=lambda m: perturb(m, "blocks.0.attn.qkv.weight", rel=1e-2))
+    bench = dump_step("b", "tiny_gpt", summary_only=summary)
     t = build_table(read_dump(npu.rank_dir), read_dump(bench.rank_dir))
     assert (t["Accuracy Reached or Not"] == "No").any()     # a real fault: failing rows are written too
     for sm in (False, True):
