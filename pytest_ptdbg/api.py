@@ -21,8 +21,8 @@ import pandas as pd
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.table import build_table
 from pytest_ptdbg.dump import reader
-from pytest_ptdbg.format.gc_pause import paused_gc
-from pytest_ptdbg.format.progress import Progress
+from pytest_ptdbg.runtime.gc_pause import paused_gc
+from pytest_ptdbg.runtime.progress import Progress
 from pytest_ptdbg.judge.step import StepJudgement, judge_step, unusable_text
 from pytest_ptdbg.report import outputs
 
@@ -153,7 +153,7 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
                     summary_compare, replay_check, replay_device)
 
 
-@paused_gc()   # a big compare holds ~1e6 small objects: no cyclic GC passes over them (format/gc_pause.py)
+@paused_gc()   # a big compare holds ~1e6 small objects: no cyclic GC passes over them (runtime/gc_pause.py)
 def _compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = False,
              auto_analyze: bool = True, fuzzy_match: bool = False, rule: Optional[str] = None,
              thresholds: Optional[V.Thresholds] = None, summary_compare: Optional[bool] = None,

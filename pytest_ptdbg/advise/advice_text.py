@@ -11,7 +11,7 @@ import os
 import re
 from typing import Iterable, Optional, Sequence, Tuple
 
-from pytest_ptdbg.format.text import fmt_error, fmt_growth
+from pytest_ptdbg.runtime.text import fmt_error, fmt_growth
 
 # ---------------------------------------------------------------------------- categories
 

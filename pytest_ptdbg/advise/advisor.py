@@ -43,7 +43,7 @@ import pandas as pd
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.columns import float_column, to_bool_array
 from pytest_ptdbg.comparison.schema import is_summary
-from pytest_ptdbg.format.text import TextEnum, fmt_error, fmt_growth
+from pytest_ptdbg.runtime.text import TextEnum, fmt_error, fmt_growth
 
 #: Errors below this count as agreement when computing growth (about float32 resolution).
 NOISE_FLOOR = 1e-7

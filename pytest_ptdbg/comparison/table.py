@@ -48,8 +48,8 @@ from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, METR
                                              SUMMARY_DIFF_COLUMNS)
 from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
-from pytest_ptdbg.format.gc_pause import paused_gc
-from pytest_ptdbg.format.progress import Progress
+from pytest_ptdbg.runtime.gc_pause import paused_gc
+from pytest_ptdbg.runtime.progress import Progress
 from pytest_ptdbg.runtime import pool
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -312,7 +312,7 @@ def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack, summary: b
 
 def build_table(npu: Dump, bench: Dump, **kwargs) -> pd.DataFrame:
     """The compare table of two dumps (see the module docstring and :func:`_build_table`), built
-    with the cyclic garbage collector paused (``format/gc_pause.py``)."""
+    with the cyclic garbage collector paused (``runtime/gc_pause.py``)."""
     with paused_gc():
         return _build_table(npu, bench, **kwargs)
 

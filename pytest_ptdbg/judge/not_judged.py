@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
-from pytest_ptdbg.format.text import TextEnum
+from pytest_ptdbg.runtime.text import TextEnum
 
 __all__ = ["Treatment", "Special", "special_of", "probability_arg", "dim_arg"]
 

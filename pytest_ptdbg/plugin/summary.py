@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
-from pytest_ptdbg.format.text import fmt_number
+from pytest_ptdbg.runtime.text import fmt_number
 
 SUMMARY_NAME = "ptdbg_summary.json"
 INDEX_NAME = "index.html"

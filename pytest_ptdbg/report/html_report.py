@@ -16,7 +16,7 @@ from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.advisor import MIN_GROWTH, PASS_FRACTION_NOTE, Advice, Suspect
 from pytest_ptdbg.advise.columns import to_bool_array, to_float_array
 from pytest_ptdbg.comparison import schema
-from pytest_ptdbg.format.text import fmt_error, fmt_number
+from pytest_ptdbg.runtime.text import fmt_error, fmt_number
 from pytest_ptdbg.report.outputs import write_new
 from pytest_ptdbg.report.svg_plot import Mark, PlotData, Series, error_plot
 
