@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Tuple
 
 from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison.arguments import is_scalar_record
+from pytest_ptdbg.runtime.dtypes import FLOATS, short_name
 
 __all__ = ["BOOKKEEPING", "VALUE_CHANGING", "REORDERING", "classify", "stats_relation",
            "new_half_precision", "output_dtypes"]
@@ -80,8 +81,8 @@ def stats_relation(a, b, eps: float) -> str:
 
 #: half the spacing of the smallest subnormal numbers of a dtype: a rounding into it may move a
 #: value by this much absolutely (fp16's subnormals are 2**-24 apart: gradients of 1e-8 round so)
-_SUBNORMAL_HALF_STEP = {"float16": 2.0 ** -25, "half": 2.0 ** -25, "bfloat16": 2.0 ** -134,
-                        "float32": 2.0 ** -150, "float": 2.0 ** -150}
+_SUBNORMAL_HALF_STEP = {d: FLOATS[short_name(d)].subnormal_spacing / 2
+                        for d in ("float16", "half", "bfloat16", "float32", "float")}
 
 
 def _data_relation(src, out, eps: float, load: Callable[[Any], Any]) -> str:
