@@ -681,9 +681,10 @@ def _suspect(table: pd.DataFrame, v: _ApiView, kind: Kind, upstream: str = "",
         cat = at.INPUTS_DIFFER
     if role == Role.NEGLIGIBLE:
         cat = at.NEGLIGIBLE
-    adv = at.advice_for(cat, str(kind), v.family, v.direction, v.in_err, v.out_err, g,
-                        v.npu_dtypes, v.bench_dtypes, side=v.side, upstream=upstream, role=str(role),
-                        flip=_flip_fraction(table, row), api=v.api, explains=explains, summary=summary)
+    adv = at.advice_for(at.AdviceFacts(cat, str(kind), v.family, v.direction, v.in_err, v.out_err, g,
+                                       v.npu_dtypes, v.bench_dtypes, side=v.side, upstream=upstream,
+                                       role=str(role), flip=_flip_fraction(table, row), api=v.api,
+                                       explains=explains, summary=summary))
     msg = str(table.at[row, "Err_message"]) if "Err_message" in table.columns and row >= 0 else ""
     if kind == "own" and ("shape" in msg.lower() or "unmatched" in msg.lower()):
         adv = f"The shapes differ from the bench ({msg}): a different code path or API semantics. " + adv
