@@ -40,7 +40,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from pytest_ptdbg.runtime.dtypes import FLOATS
+from pytest_ptdbg.runtime.dtypes import FLOATS, STEP_FLOATS
 
 __all__ = ["ArgLeaf", "MISSING", "IGNORED", "SIGNATURES", "FLOAT_RTOL", "call_spec", "compare_arguments",
            "format_value", "is_scalar_record", "signature"]
@@ -522,11 +522,11 @@ def _compare(npu_api: Any, bench_api: Any, sn: dict, sb: dict, npu_kw_named: boo
     return out
 
 
-_FLOAT_DTYPES = frozenset({"torch.float16", "torch.bfloat16", "torch.float32", "torch.float64"})
+_FLOAT_DTYPES = frozenset(f"torch.{d}" for d in STEP_FLOATS)
 
 
 #: ``torch.finfo`` max, eps and tiny of fp16, bf16, fp32 and fp64 (``masked_fill(m, finfo(dtype).min)``)
-_FINFO = frozenset(v for d in ("float16", "bfloat16", "float32", "float64")
+_FINFO = frozenset(v for d in STEP_FLOATS
                    for v in (FLOATS[d].max, FLOATS[d].eps, FLOATS[d].tiny))
 
 

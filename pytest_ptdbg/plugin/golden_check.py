@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from pytest_ptdbg.format import manifest, records
 from pytest_ptdbg.judge.budget import SENTINEL, unit_roundoff
 from pytest_ptdbg.plugin.golden import Golden, encode, round_stat, stat_value
+from pytest_ptdbg.runtime.dtypes import STEP_FLOATS
 from pytest_ptdbg.runtime.text import TextEnum
 
 #: statistics drift (relative to the tensor's range; the L2 norm relative to itself) allowed per
@@ -246,7 +247,7 @@ def drift(g: Sequence[Any], f: Sequence[Any]) -> float:
 #: reduction's sum on one CPU, summed in another order)
 NOISE_UNITS = 16.0
 #: the floating dtypes that round (python numbers, integer and bool tensors get no floor)
-_ROUNDED = ("float64", "float32", "float16", "bfloat16")
+_ROUNDED = STEP_FLOATS
 #: division-like APIs: (numerator input, denominator input); a quotient's rounding level is the
 #: numerator's divided by the smallest denominator (Adam's ``addcdiv(p, m, sqrt(v) + eps)``
 #: divides rounding noise of a zero gradient by ``eps``)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-__all__ = ["FloatFacts", "FLOATS", "ALIASES", "COMPLEX_PARTS", "float_facts", "short_name"]
+__all__ = ["FloatFacts", "FLOATS", "STEP_FLOATS", "ALIASES", "COMPLEX_PARTS", "float_facts", "short_name"]
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class FloatFacts:
     """One floating-point dtype (IEEE-style binary format)."""
 
     name: str               #: ``float16``, ``bfloat16``, ... (torch's name without ``torch.``)
+    bits: int               #: storage width (float16 and bfloat16: 16)
     mantissa_bits: int      #: stored fraction bits (float16: 10, bfloat16: 7, float32: 23)
     max_exponent: int       #: exponent of the largest finite value (float16: 15)
     min_exponent: int       #: exponent of the smallest normal value (float16: -14)
@@ -58,13 +59,15 @@ class FloatFacts:
 
 #: the floating dtypes by torch's name without ``torch.``
 FLOATS: Dict[str, FloatFacts] = {f.name: f for f in (
-    FloatFacts("float64", 52, 1023, -1022, (1e-7, 1e-7)),
-    FloatFacts("float32", 23, 127, -126, (1.3e-6, 1e-5)),
-    FloatFacts("bfloat16", 7, 127, -126, (1.6e-2, 1e-5)),
-    FloatFacts("float16", 10, 15, -14, (1e-3, 1e-5)),
-    FloatFacts("float8_e4m3fn", 3, 8, -6, None, 448.0),
-    FloatFacts("float8_e5m2", 2, 15, -14),
+    FloatFacts("float64", 64, 52, 1023, -1022, (1e-7, 1e-7)),
+    FloatFacts("float32", 32, 23, 127, -126, (1.3e-6, 1e-5)),
+    FloatFacts("bfloat16", 16, 7, 127, -126, (1.6e-2, 1e-5)),
+    FloatFacts("float16", 16, 10, 15, -14, (1e-3, 1e-5)),
+    FloatFacts("float8_e4m3fn", 8, 3, 8, -6, None, 448.0),
+    FloatFacts("float8_e5m2", 8, 2, 15, -14),
 )}
+#: the floating dtypes a training step computes in (autocast's and the bench's)
+STEP_FLOATS = ("float16", "bfloat16", "float32", "float64")
 #: torch's other names of those dtypes
 ALIASES: Dict[str, str] = {"double": "float64", "float": "float32", "half": "float16"}
 #: a complex dtype's real and imaginary parts
