@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Tuple
 
+from pytest_ptdbg.judge.not_judged import random_families
 from pytest_ptdbg.runtime.text import fmt_error, fmt_growth
 from pytest_ptdbg.runtime.dtypes import FLOATS, short_name
 
@@ -32,12 +33,6 @@ NEGLIGIBLE = "negligible difference"
 DISCONTINUOUS = "branch flip (discontinuous op)"
 COMPUTATION = "computation"
 
-_RANDOM_OPS = {
-    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
-    "native_dropout", "fused_dropout", "rand", "randn", "randint", "randperm", "rand_like",
-    "randn_like", "randint_like", "bernoulli", "multinomial", "normal", "uniform", "exponential",
-    "geometric", "cauchy", "log_normal", "random", "rrelu", "poisson", "gumbel_softmax",
-}
 _BATCH_NORM_OPS = {"batch_norm", "native_batch_norm", "sync_batch_norm", "cudnn_batch_norm",
                    "_batch_norm_impl_index", "batch_norm_stats", "batch_norm_elemt"}
 _REDUCTION_OPS = {
@@ -94,6 +89,10 @@ def op_name(family: str) -> str:
     name = name.strip("_").lower()
     name = re.sub(r"^(npu_|native_)", "", name) if name not in _BATCH_NORM_OPS else name
     return name
+
+
+#: the bare operators of the random APIs (``judge/not_judged.py``'s table; any ``*dropout`` too)
+_RANDOM_OPS = frozenset(op_name(f) for f in random_families())
 
 
 def _low_precision(dtypes: Iterable[str]) -> Optional[Tuple[str, float]]:
