@@ -70,7 +70,9 @@ def add_compare_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="./output", help="output folder (default ./output)")
     p.add_argument("--summary", action="store_true", help="compare statistics only (no tensors read)")
     p.add_argument("--fuzzy", action="store_true", help="ignore call indices when pairing (fuzzy_match)")
-    p.add_argument("--rule", choices=("judge", "ptdbg", "dtype"), default="judge",
+    from pytest_ptdbg.comparison.rule import Rule
+
+    p.add_argument("--rule", choices=[str(r) for r in Rule], default=str(Rule.JUDGE),
                    help="verdict: judge (default: every call replayed against a float64 oracle; "
                         "fails on a root cause or unusable data), or the per-tensor rules ptdbg "
                         "(ptdbg's cosine/abs error) and dtype (assert_close tolerances)")
