@@ -7,7 +7,7 @@ Reached or Not`` (ptdbg's rule under the judgement).
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Union
 
 from pytest_ptdbg.runtime.text import TextEnum
 
