@@ -101,3 +101,10 @@ def test_compare_distributed_raises_a_bad_rule_once(tmp_path):
     res = compare_distributed(npu, bench, str(tmp_path / "out"), is_print_compare_log=False, rule="ptdbg",
                               workers=1)
     assert res.passed and res.results[(0, 0)].gate is Rule.PTDBG
+
+
+def test_rule_is_public_and_compare_takes_it(tmp_path):
+    import pytest_ptdbg
+
+    r = compare(_pair(tmp_path), str(tmp_path / "out"), replay_check=False, rule=pytest_ptdbg.Rule.PTDBG)
+    assert r.gate is Rule.PTDBG and r.options.rule is Rule.PTDBG
