@@ -87,7 +87,7 @@ def _worker(code: str) -> int:
 
     torch.set_num_threads(1)
     from pytest_ptdbg.dump import reader
-    from pytest_ptdbg.format.gc_pause import paused_gc
+    from pytest_ptdbg.runtime.gc_pause import paused_gc
     from pytest_ptdbg.judge import judge_dump
 
     read: Dict[str, Any] = {}

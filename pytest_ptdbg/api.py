@@ -11,18 +11,23 @@ paths name ``.pkl`` files, or empty) the compare uses statistics only ("summary 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
 from pytest_ptdbg.comparison import verdict as V
+from pytest_ptdbg.comparison.options import CompareOptions, DumpInput, inputs_from_param, param_from_inputs
+from pytest_ptdbg.comparison.rule import Rule
 from pytest_ptdbg.comparison.table import build_table
 from pytest_ptdbg.dump import reader
-from pytest_ptdbg.format.gc_pause import paused_gc
-from pytest_ptdbg.format.progress import Progress
+from pytest_ptdbg.runtime import pool
+from pytest_ptdbg.runtime.gc_pause import paused_gc
+from pytest_ptdbg.runtime.progress import Progress
+from pytest_ptdbg.runtime.text import TextEnum
 from pytest_ptdbg.judge.step import StepJudgement, judge_step, unusable_text
 from pytest_ptdbg.report import outputs
 
@@ -34,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class CompareResult:
     """What :func:`compare` produced.
 
-    ``passed`` (default judgement, ``rule=None``): ``judgement.passed``: nothing unusable
+    ``passed`` (default judgement, ``Rule.JUDGE``): ``judgement.passed``: nothing unusable
     (``problems`` empty, no ``_unusable`` row left unclassified) and no root cause (an API over
     its own-error budget, a NaN/Inf of its own, a changed argument, a value-changing call on one
     side only; see ``judge/step.py``). With an explicit ``rule`` ("ptdbg", "dtype"): no row fails
@@ -59,8 +64,10 @@ class CompareResult:
     #: the default judgement (root causes, unusable data, the replay of every call); also
     #: computed when an explicit ``rule`` decides ``passed``
     judgement: Optional[StepJudgement] = None
-    #: the rule that decided ``passed``: ``"judge"`` (default), ``"ptdbg"`` or ``"dtype"``
-    gate: str = "judge"
+    #: the rule that decided ``passed``: ``Rule.JUDGE`` (default), ``Rule.PTDBG`` or ``Rule.DTYPE``
+    gate: Rule = Rule.JUDGE
+    #: the options it was compared with
+    options: Optional[CompareOptions] = None
 
     @property
     def first_suspect(self):
@@ -97,34 +104,22 @@ def judge_passed(table: pd.DataFrame, problems: List[str]) -> bool:
     return not problems and (bool(table["_passed"].astype(bool).all()) if len(table) else True)
 
 
-def _load(input_param: Dict[str, Any], side: str, problems: List[str],
-          notes: Optional[List[str]] = None) -> reader.Dump:
-    key = f"{side}_pkl_path"
-    path = input_param.get(key)
-    if not path:
-        raise ValueError(f"compare: input_param lacks {key!r} (the {side.upper()} dump's .pkl or folder)")
-    dkey = f"{side}_dump_data_dir"
-    if dkey in input_param and input_param[dkey] is not None:
-        data_dir = input_param[dkey] or ""   # "": statistics only, by choice
-    elif dkey in input_param or os.path.isdir(path) or path.endswith(".json"):
-        data_dir = None          # found inside the folder (msprobe: dump_tensor_data beside dump.json),
-        #                          or beside the .pkl when None is given: records naming files need them
-    else:
-        data_dir = ""            # ptdbg: no data dir given -> statistics only
+def load_dump(source: DumpInput, side: str) -> reader.Dump:
+    """One side's dump (``side``: ``"npu"`` or ``"bench"``, for messages). A data folder that is
+    not there is the dump's first problem, and it is read statistics only."""
+    data_dir = source.data_dir
+    missing = ""
     if data_dir and not os.path.isdir(data_dir):
-        problems.append(f"{data_dir}: {side.upper()} data directory not found (statistics only)")
+        missing = f"{data_dir}: {side.upper()} data directory not found (statistics only)"
         data_dir = ""
-    dump = reader.read_dump(path, data_dir)
-    problems.extend(dump.problems)
-    if notes is not None:
-        notes.extend(dump.notes)
-    if not dump.apis:
-        problems.append(f"{dump.source}: the {side.upper()} dump holds no usable record: nothing to compare")
+    dump = reader.read_dump(source.path, data_dir)
+    if missing:
+        dump.problems.insert(0, missing)
     return dump
 
 
 def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = False,
-            auto_analyze: bool = True, fuzzy_match: bool = False, rule: Optional[str] = None,
+            auto_analyze: bool = True, fuzzy_match: bool = False, rule: Union[Rule, str, None] = None,
             thresholds: Optional[V.Thresholds] = None, summary_compare: Optional[bool] = None,
             replay_check: bool = True, replay_device: str = "cpu") -> CompareResult:
     """Compare an NPU dump with a bench dump (ptdbg's ``compare``), write the reports, return them.
@@ -136,7 +131,8 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
     output folder that cannot be created or written raises ``outputs.OutputError`` (an OSError)
     before the dumps are read.
 
-    The verdict (``result.passed``): by default (``rule=None``) the step fails iff its data are
+    The verdict (``result.passed``): by default (``rule=Rule.JUDGE``, also written ``"judge"`` or
+    None) the step fails iff its data are
     unusable or there is a root cause (``judge/step.py``): every call of the NPU dump that holds
     full tensors is replayed on ``replay_device`` from its own recorded inputs against a float64
     oracle and a reference in its compute dtype (``judge.judge_dump``; the bench dump may be
@@ -145,37 +141,73 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
     side (or ``replay_check=False``) root causes are judged from statistics (weaker; the advice
     prints the ``configure_hook`` call that re-dumps the suspects in full). ptdbg's rule always
     fills the CSV's ``Accuracy Reached or Not``; ``rule="ptdbg"`` or ``"dtype"`` makes that rule
-    the gate instead (``compare/verdict.py``). ``summary_compare``: force (True) or forbid (False)
+    the gate instead (``comparison/verdict.py``). ``summary_compare``: force (True) or forbid (False)
     a statistics-only table; default: when a side has no saved tensors. Problems with the input
     are listed in ``problems`` and the CSV. The replay imports torch; the rest does not.
+
+    This is ptdbg's signature: the arguments become a :class:`CompareOptions` and two
+    :class:`DumpInput` (``comparison/options.py``) for :func:`compare_inputs`.
     """
-    return _compare(input_param, output_path, stack_mode, auto_analyze, fuzzy_match, rule, thresholds,
-                    summary_compare, replay_check, replay_device)
+    options = CompareOptions.build(rule=rule, stack_mode=stack_mode, auto_analyze=auto_analyze,
+                                   fuzzy_match=fuzzy_match, thresholds=thresholds,
+                                   summary_compare=summary_compare, replay_check=replay_check,
+                                   replay_device=replay_device,
+                                   log=bool(input_param.get("is_print_compare_log", True)))
+    result = compare_inputs(*inputs_from_param(input_param), output_path, options)
+    result.input_param = dict(input_param)
+    return result
 
 
-@paused_gc()   # a big compare holds ~1e6 small objects: no cyclic GC passes over them (format/gc_pause.py)
-def _compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = False,
-             auto_analyze: bool = True, fuzzy_match: bool = False, rule: Optional[str] = None,
-             thresholds: Optional[V.Thresholds] = None, summary_compare: Optional[bool] = None,
-             replay_check: bool = True, replay_device: str = "cpu", tag: str = "",
-             report_stem: str = "") -> CompareResult:
-    log = bool(input_param.get("is_print_compare_log", True))
-    say = (lambda msg: print(f"[ptdbg compare] {msg}", flush=True)) if log else (lambda msg: None)
-    gate = "judge" if rule is None else rule
-    rule = rule or "ptdbg"
-    V._check_rule(rule)
-    for key in ("npu_pkl_path", "bench_pkl_path"):
-        if not input_param.get(key):
-            raise ValueError(f"compare: input_param lacks {key!r} (the {key[:-9].upper()} dump's .pkl or folder)")
+@paused_gc()   # a big compare holds ~1e6 small objects: no cyclic GC passes over them (runtime/gc_pause.py)
+def compare_inputs(npu: DumpInput, bench: DumpInput, output_path: str, options: CompareOptions) -> CompareResult:
+    """Read both dumps and compare them (:func:`compare_dumps`); the output folder is checked
+    before they are read, and their records are let go before the reports are written."""
     outputs.prepare_dir(output_path)
+    run = _compare_run(load_dump(npu, "npu"), load_dump(bench, "bench"), options)
+    result = _finish(run, output_path, options)
+    result.input_param = param_from_inputs(npu, bench, options.log)
+    return result
+
+
+@paused_gc()
+def compare_dumps(npu: reader.Dump, bench: reader.Dump, output_path: str,
+                  options: CompareOptions) -> CompareResult:
+    """Compare two read dumps by ``options``, write the reports into ``output_path``, return them."""
+    outputs.prepare_dir(output_path)
+    return _finish(_compare_run(npu, bench, options), output_path, options)
+
+
+@dataclass
+class _Run:
+    """What the compare stage hands to the reports: the table, its judgement, what was unusable
+    (``problems``) and worth saying (``notes``)."""
+
+    table: pd.DataFrame
+    judged: StepJudgement
+    problems: List[str]
+    notes: List[str]
+    summary: bool
+    say: Callable[[str], None]
+
+
+def _sayer(log: bool) -> Callable[[str], None]:
+    return (lambda msg: print(f"[ptdbg compare] {msg}", flush=True)) if log else (lambda msg: None)
+
+
+def _compare_run(npu: reader.Dump, bench: reader.Dump, options: CompareOptions) -> _Run:
+    """The table of two dumps and its judgement (the dumps are not kept)."""
+    say = _sayer(options.log)
     problems: List[str] = []
     notes: List[str] = []
-    npu = _load(input_param, "npu", problems, notes)
-    bench = _load(input_param, "bench", problems, notes)
+    for side, dump in (("npu", npu), ("bench", bench)):
+        problems.extend(dump.problems)
+        notes.extend(dump.notes)
+        if not dump.apis:
+            problems.append(f"{dump.source}: the {side.upper()} dump holds no usable record: nothing to compare")
     if npu.mode and bench.mode and npu.mode != bench.mode:
         notes.append(f"dumps of different modes: NPU {npu.mode!r} ({npu.source}) vs bench "
                         f"{bench.mode!r} ({bench.source}); calls recorded by one side only are unpaired")
-    summary = summary_compare
+    summary = options.summary_compare
     if summary is None:
         summary = not (npu.has_data and bench.has_data)
         if summary and (npu.has_data or bench.has_data):
@@ -189,17 +221,13 @@ def _compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = F
     say(f"bench {bench.source}: {len(bench.apis)} APIs, {bench.n_tensors} tensors")
     say("summary compare (statistics only)" if summary else "full compare (saved tensors)")
     t0 = time.perf_counter()
-    table = build_table(npu, bench, summary=summary, stack_mode=stack_mode, fuzzy_match=fuzzy_match,
-                        rule=rule, thresholds=thresholds, problems=problems,
-                        progress=say if log else None)
+    table = build_table(npu, bench, summary=summary, stack_mode=options.stack_mode,
+                        fuzzy_match=options.fuzzy_match, rule=options.row_rule,
+                        thresholds=options.thresholds, problems=problems,
+                        progress=say if options.log else None, workers=options.workers)
     say(f"{len(table)} rows in {time.perf_counter() - t0:.2f} s")
-    judged = _judge(npu, bench, table, problems, notes, replay_check, replay_device, say,
-                    summary_asked=summary_compare is True)
-    npu = bench = None   # the records are not needed for the reports: their memory is free again
-    result = _finish(table, output_path, stack_mode, auto_analyze, problems, summary, say, tag, judged,
-                     gate, notes, stem=report_stem)
-    result.input_param = dict(input_param)
-    return result
+    judged = _judge(npu, bench, table, problems, notes, options, say)
+    return _Run(table, judged, problems, notes, summary, say)
 
 
 def _pairs(table: pd.DataFrame) -> Dict[str, str]:
@@ -217,11 +245,12 @@ def _has_call_specs(dump: reader.Dump) -> bool:
 
 
 def _judge(npu: reader.Dump, bench: reader.Dump, table: pd.DataFrame, problems: List[str], notes: List[str],
-           replay_check: bool, device: str, say: Callable[[str], None],
-           summary_asked: bool = False) -> StepJudgement:
+           options: CompareOptions, say: Callable[[str], None]) -> StepJudgement:
     """The default judgement: the device dump's calls replayed (when its full tensors are read), the
-    table's unusable rows, changed arguments and one-sided calls. ``summary_asked``: a statistics
-    compare was asked for (``summary_compare=True``, ``--summary``), so no tensor was read."""
+    table's unusable rows, changed arguments and one-sided calls. A statistics compare asked for
+    (``summary_compare=True``, ``--summary``) read no tensor."""
+    replay_check, device = options.replay_check, options.replay_device
+    summary_asked = options.summary_compare is True
     replay = None
     if replay_check and npu.has_data and not _has_call_specs(npu):
         notes.append("replay check skipped: the device dump records no call arguments (a dump written "
@@ -246,35 +275,33 @@ def _judge(npu: reader.Dump, bench: reader.Dump, table: pd.DataFrame, problems: 
     return judge_step(table, problems, replay)
 
 
-def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyze: bool,
-            problems: List[str], summary: bool, say, tag: str, judged: Optional[StepJudgement] = None,
-            gate: str = "judge", notes: Optional[List[str]] = None, stem: str = "") -> CompareResult:
+def _finish(run: _Run, output_path: str, options: CompareOptions) -> CompareResult:
+    """Write the reports of a compare (CSV, advisor, HTML), say the verdict, return the result."""
     from pytest_ptdbg.advise.advisor import advise
     from pytest_ptdbg.advise.ranking import apply_judgement
     from pytest_ptdbg.report.csv_report import csv_text
     from pytest_ptdbg.report.html_report import render_html
 
-    notes = notes if notes is not None else []
-    if judged is None:
-        judged = judge_step(table, problems, None)
+    table, judged, problems, notes, say = run.table, run.judged, run.problems, run.notes, run.say
+    gate, tag = options.rule, options.tag
     names = {"csv": ("compare_result", "csv"), "html": ("compare_result", "html")}
-    if auto_analyze:
+    if options.auto_analyze:
         names["advisor"] = ("advisor", "txt")
     outputs.prepare_dir(output_path)
     ts = _timestamp()
-    with outputs.ReportSet(output_path, names, tag, stem or outputs.new_stem(tag, ts), ts) as files:
-        csv_path = files.write("csv", csv_text(table, stack_mode))
+    with outputs.ReportSet(output_path, names, tag, options.report_stem or outputs.new_stem(tag, ts), ts) as files:
+        csv_path = files.write("csv", csv_text(table, options.stack_mode))
         advice = advise(table)
         apply_judgement(advice, judged, table)
-        passed = judged.passed if gate == "judge" else judge_passed(table, problems)
+        passed = judged.passed if gate is Rule.JUDGE else judge_passed(table, problems)
         advice.passed = passed   # the gate's verdict: every report says it (advise.advisor.decide)
         advisor_path = None
-        if auto_analyze:
+        if options.auto_analyze:
             advisor_path = files.write("advisor", advice.text() + _problems_text(problems, notes))
         html_path = files.write("html", render_html(table, advice, title=f"ptdbg compare {tag}".strip()))
     n_no = int((table["Accuracy Reached or Not"] == "No").sum()) if len(table) else 0
     say(f"{n_no} of {len(table)} rows fail ptdbg's rule; "
-        f"{'PASSED' if passed else 'FAILED'} ({'default judgement' if gate == 'judge' else gate + ' rule'}); "
+        f"{'PASSED' if passed else 'FAILED'} ({'default judgement' if gate is Rule.JUDGE else gate + ' rule'}); "
         f"CSV: {csv_path}")
     for p in problems[:20]:
         say(f"problem: {p}")
@@ -282,11 +309,11 @@ def _finish(table: pd.DataFrame, output_path: str, stack_mode: bool, auto_analyz
         say(f"... and {len(problems) - 20} more problems")
     for p in notes[:20]:
         say(f"note: {p}")
-    if auto_analyze:
+    if options.auto_analyze:
         for line in advice.text().splitlines()[:3]:
             say(line)
-    return CompareResult(table, advice, csv_path, advisor_path, html_path, passed, problems, summary,
-                         notes=notes, judgement=judged, gate=gate)
+    return CompareResult(table, advice, csv_path, advisor_path, html_path, passed, problems, run.summary,
+                         notes=notes, judgement=judged, gate=gate, options=options)
 
 
 def _problems_text(problems: List[str], notes: List[str], limit: int = 20) -> str:
@@ -301,32 +328,56 @@ def _problems_text(problems: List[str], notes: List[str], limit: int = 20) -> st
     return "".join(line + "\n" for line in lines)
 
 
-def _compare_rank(job: tuple) -> tuple:
-    """One rank's compare (in a worker process or inline): ``(rank, kind, value, seconds)`` with
-    kind ``ok`` (value: the CompareResult), ``error`` (a message) or ``output_error``."""
-    rank, pn, pb, output_path, tag, stem, kwargs, log = job
+class RankState(TextEnum):
+    """How one rank's compare ended."""
+
+    OK = "ok"                       #: compared (``RankOutcome.result``)
+    ERROR = "error"                 #: not compared (``RankOutcome.error`` says why; the others go on)
+    OUTPUT_ERROR = "output_error"   #: the output folder failed: the whole run stops
+
+
+@dataclass(frozen=True)
+class RankJob:
+    """One rank to compare: its two dumps, the output folder, the options (tag and stem set)."""
+
+    rank: int
+    npu_path: str
+    bench_path: str
+    output_path: str
+    options: CompareOptions
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """:func:`_compare_rank`'s answer: ``state``, the result (OK) or the message, the seconds taken."""
+
+    rank: int
+    state: RankState
+    result: Optional[CompareResult]
+    error: str
+    seconds: float
+
+
+def _compare_rank(job: RankJob) -> RankOutcome:
+    """One rank's compare (in a worker process or inline)."""
     t0 = time.perf_counter()
-    param = {"npu_pkl_path": pn, "bench_pkl_path": pb, "is_print_compare_log": log}
     try:
-        res = _compare(param, output_path, tag=tag, report_stem=stem, **kwargs)
-        return rank, "ok", res, time.perf_counter() - t0
+        res = compare_inputs(DumpInput(job.npu_path), DumpInput(job.bench_path), job.output_path, job.options)
+        return RankOutcome(job.rank, RankState.OK, res, "", time.perf_counter() - t0)
     except outputs.OutputError as e:
-        return rank, "output_error", str(e), time.perf_counter() - t0
+        return RankOutcome(job.rank, RankState.OUTPUT_ERROR, None, str(e), time.perf_counter() - t0)
     except (OSError, ValueError) as e:  # one rank that cannot be compared: the others go on
-        return rank, "error", f"rank{rank} ({pn} vs {pb}): {e}", time.perf_counter() - t0
+        return RankOutcome(job.rank, RankState.ERROR, None,
+                           f"rank{job.rank} ({job.npu_path} vs {job.bench_path}): {e}", time.perf_counter() - t0)
 
 
-def _rank_results(todo: list, workers: int, log: bool):
-    """Yield each rank's :func:`_compare_rank` as it finishes: in ``workers`` processes (their
-    own logs silent: the caller prints one line per rank), or inline with one worker."""
-    if workers <= 1 or len(todo) <= 1:
-        for job in todo:
-            yield _compare_rank(job + (log,))
-        return
-    from pytest_ptdbg.runtime import pool
-
+def _rank_results(todo: Sequence[RankJob], workers: int) -> Iterator[RankOutcome]:
+    """Each rank's :func:`_compare_rank` as it finishes: in ``workers`` processes (their own logs
+    silent: the caller prints one line per rank), or inline with one worker."""
+    if workers > 1 and len(todo) > 1:
+        todo = [dataclasses.replace(job, options=job.options.replace(log=False)) for job in todo]
     # worker processes of this package only; a rank they cannot compare is compared here
-    for _, res in pool.run_parallel(_compare_rank, [job + (False,) for job in todo], workers):
+    for _, res in pool.map_unordered(_compare_rank, todo, workers):
         yield res
 
 
@@ -351,12 +402,13 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
     outputs.prepare_dir(output_path)
     ts = _timestamp()
     run_stem = outputs.new_stem("", ts)
-    log = kwargs.pop("is_print_compare_log", True)
+    log = bool(kwargs.pop("is_print_compare_log", True))
     workers = kwargs.pop("workers", None)
+    options = CompareOptions.build(**kwargs, log=log)   # a bad argument is raised once, here
     results: Dict[Tuple[int, int], CompareResult] = {}
     errors: Dict[Tuple[int, int], str] = {}
     ranks = sorted(set(npu_ranks) | set(bench_ranks))
-    todo = []
+    todo: List[RankJob] = []
     for rank in ranks:
         pn, pb = npu_ranks.get(rank), bench_ranks.get(rank)
         if pn is None or pb is None:
@@ -366,20 +418,21 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
                                     f"folder {lack_dir} has no rank{rank}")
             continue
         tag = f"rank{rank}-rank{rank}"
-        todo.append((rank, pn, pb, output_path, tag, f"{tag}_{run_stem}", kwargs))
-    n_workers = min(len(todo), max(1, int(workers if workers is not None else min(os.cpu_count() or 1, 8))))
-    say = (lambda msg: print(f"[ptdbg compare] {msg}", flush=True)) if log else (lambda msg: None)
+        todo.append(RankJob(rank, pn, pb, output_path, options.replace(tag=tag, report_stem=f"{tag}_{run_stem}")))
+    n_workers = min(len(todo), max(1, int(workers if workers is not None else pool.default_workers())))
+    say = _sayer(log)
     with Progress(len(todo), "compare_distributed") as bar:
-        for k, (rank, kind, value, secs) in enumerate(_rank_results(todo, n_workers, log), 1):
-            if kind == "output_error":
-                raise outputs.OutputError(value)
-            if kind == "ok":
-                results[(rank, rank)] = value
-                state = "agrees" if value.passed else "diverges"
+        for k, out in enumerate(_rank_results(todo, n_workers), 1):
+            rank = out.rank
+            if out.state is RankState.OUTPUT_ERROR:
+                raise outputs.OutputError(out.error)
+            if out.state is RankState.OK:
+                results[(rank, rank)] = out.result
+                state = "agrees" if out.result.passed else "diverges"
             else:
-                errors[(rank, rank)] = value
+                errors[(rank, rank)] = out.error
                 state = "not compared"
-            say(f"rank{rank}-rank{rank}: {state} ({secs:.1f} s) [{k}/{len(todo)} ranks]")
+            say(f"rank{rank}-rank{rank}: {state} ({out.seconds:.1f} s) [{k}/{len(todo)} ranks]")
             bar.update(k, f"rank{rank} {state}")
     results = dict(sorted(results.items()))
     diverging = [k for k, r in results.items() if not r.passed]

@@ -9,9 +9,12 @@ from __future__ import annotations
 import math
 import os
 import re
+from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Tuple
 
-from pytest_ptdbg.format.text import fmt_error, fmt_growth
+from pytest_ptdbg.judge.not_judged import random_families
+from pytest_ptdbg.runtime.text import fmt_error, fmt_growth
+from pytest_ptdbg.runtime.dtypes import FLOATS, short_name
 
 # ---------------------------------------------------------------------------- categories
 
@@ -30,12 +33,6 @@ NEGLIGIBLE = "negligible difference"
 DISCONTINUOUS = "branch flip (discontinuous op)"
 COMPUTATION = "computation"
 
-_RANDOM_OPS = {
-    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
-    "native_dropout", "fused_dropout", "rand", "randn", "randint", "randperm", "rand_like",
-    "randn_like", "randint_like", "bernoulli", "multinomial", "normal", "uniform", "exponential",
-    "geometric", "cauchy", "log_normal", "random", "rrelu", "poisson", "gumbel_softmax",
-}
 _BATCH_NORM_OPS = {"batch_norm", "native_batch_norm", "sync_batch_norm", "cudnn_batch_norm",
                    "_batch_norm_impl_index", "batch_norm_stats", "batch_norm_elemt"}
 _REDUCTION_OPS = {
@@ -72,9 +69,8 @@ _DISCONTINUOUS_OPS = {
     "max_pool2d_with_indices", "gt", "lt", "ge", "le", "eq", "ne", "greater", "less",
     "heaviside", "bucketize", "searchsorted", "histc", "unique", "nonzero", "masked_select",
 }
-_LOW_PRECISION = {"torch.float16": ("float16", 2.0 ** -11), "torch.bfloat16": ("bfloat16", 2.0 ** -8),
-                  "float16": ("float16", 2.0 ** -11), "bfloat16": ("bfloat16", 2.0 ** -8),
-                  "torch.half": ("float16", 2.0 ** -11)}
+_LOW_PRECISION = {d: (short_name(d), FLOATS[short_name(d)].unit_roundoff)
+                  for d in ("torch.float16", "torch.bfloat16", "float16", "bfloat16", "torch.half")}
 
 
 #: the advice for a step whose inputs differ at the start (the advisor's and the judgement's)
@@ -93,6 +89,10 @@ def op_name(family: str) -> str:
     name = name.strip("_").lower()
     name = re.sub(r"^(npu_|native_)", "", name) if name not in _BATCH_NORM_OPS else name
     return name
+
+
+#: the bare operators of the random APIs (``judge/not_judged.py``'s table; any ``*dropout`` too)
+_RANDOM_OPS = frozenset(op_name(f) for f in random_families())
 
 
 def _low_precision(dtypes: Iterable[str]) -> Optional[Tuple[str, float]]:
@@ -226,15 +226,38 @@ def _where(direction: str) -> Tuple[str, str]:
     return "its inputs", "its outputs"
 
 
-def advice_for(category: str, kind: str, family: str, direction: str, input_error: float,
-               output_error: float, growth: float, npu_dtypes: Sequence[str] = (),
-               bench_dtypes: Sequence[str] = (), side: str = "", upstream: str = "",
-               role: str = "", flip: Optional[float] = None, api: str = "", explains: str = "",
-               summary: bool = False) -> str:
-    """Plain-English advice for one suspect: what happened, why it may happen, what to try.
+@dataclass(frozen=True)
+class AdviceFacts:
+    """What :func:`advice_for` says its advice about: one suspect's category, kind, call and errors.
 
     ``role``: the suspect's role (``"latent"``, ``"amplifier"``, ...); ``explains``: for a latent
-    origin, the later call whose failure it explains; ``summary``: a statistics-only compare."""
+    origin, the later call whose failure it explains; ``summary``: a statistics-only compare;
+    ``flip``: the fraction of elements whose comparison flipped (None: unknown)."""
+
+    category: str
+    kind: str
+    family: str
+    direction: str
+    input_error: float
+    output_error: float
+    growth: float
+    npu_dtypes: Sequence[str] = ()
+    bench_dtypes: Sequence[str] = ()
+    side: str = ""
+    upstream: str = ""
+    role: str = ""
+    flip: Optional[float] = None
+    api: str = ""
+    explains: str = ""
+    summary: bool = False
+
+
+def advice_for(facts: AdviceFacts) -> str:
+    """Plain-English advice for one suspect: what happened, why it may happen, what to try."""
+    category, kind, family, direction = facts.category, facts.kind, facts.family, facts.direction
+    input_error, output_error, growth = facts.input_error, facts.output_error, facts.growth
+    npu_dtypes, bench_dtypes, side, upstream = facts.npu_dtypes, facts.bench_dtypes, facts.side, facts.upstream
+    role, flip, api, explains, summary = facts.role, facts.flip, facts.api, facts.explains, facts.summary
     op = op_name(family)
     ins, outs = _where(direction)
     Ins = ins[0].upper() + ins[1:]

@@ -43,7 +43,7 @@ import pandas as pd
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.columns import float_column, to_bool_array
 from pytest_ptdbg.comparison.schema import is_summary
-from pytest_ptdbg.format.text import TextEnum, fmt_error, fmt_growth
+from pytest_ptdbg.runtime.text import TextEnum, fmt_error, fmt_growth
 
 #: Errors below this count as agreement when computing growth (about float32 resolution).
 NOISE_FLOOR = 1e-7
@@ -681,9 +681,10 @@ def _suspect(table: pd.DataFrame, v: _ApiView, kind: Kind, upstream: str = "",
         cat = at.INPUTS_DIFFER
     if role == Role.NEGLIGIBLE:
         cat = at.NEGLIGIBLE
-    adv = at.advice_for(cat, str(kind), v.family, v.direction, v.in_err, v.out_err, g,
-                        v.npu_dtypes, v.bench_dtypes, side=v.side, upstream=upstream, role=str(role),
-                        flip=_flip_fraction(table, row), api=v.api, explains=explains, summary=summary)
+    adv = at.advice_for(at.AdviceFacts(cat, str(kind), v.family, v.direction, v.in_err, v.out_err, g,
+                                       v.npu_dtypes, v.bench_dtypes, side=v.side, upstream=upstream,
+                                       role=str(role), flip=_flip_fraction(table, row), api=v.api,
+                                       explains=explains, summary=summary))
     msg = str(table.at[row, "Err_message"]) if "Err_message" in table.columns and row >= 0 else ""
     if kind == "own" and ("shape" in msg.lower() or "unmatched" in msg.lower()):
         adv = f"The shapes differ from the bench ({msg}): a different code path or API semantics. " + adv

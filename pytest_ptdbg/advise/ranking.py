@@ -20,7 +20,7 @@ import pandas as pd
 
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.advisor import MIN_GROWTH, Advice, Kind, Role, Suspect
-from pytest_ptdbg.format.text import TextEnum, fmt_error
+from pytest_ptdbg.runtime.text import TextEnum, fmt_error
 from pytest_ptdbg.judge import not_judged as NJ
 from pytest_ptdbg.judge.step import Cause, RootCause, StepJudgement
 

@@ -35,7 +35,7 @@ from torch.utils.hooks import RemovableHandle as _Handle
 from pytest_ptdbg.capture import names
 from pytest_ptdbg.capture.isolation import NOOP, functorch_active, modes_off, modes_on, outside_modes, unwrap_tree
 from pytest_ptdbg.capture.sink import ApiCall, SinkStop, iter_tensors, outputs_of, report_internal_error
-from pytest_ptdbg.format.gc_pause import freeze_heap, thaw_heap
+from pytest_ptdbg.runtime.gc_pause import freeze_heap, thaw_heap
 
 __all__ = ["CaptureEngine"]
 
@@ -134,7 +134,7 @@ class CaptureEngine:
         #: gradients of the inputs can be tapped on the API's own autograd nodes (no aliases)
         self._node_ok: Dict[Any, bool] = {}
         self._bw_of: Any = None  # (sinks list, its sinks that want backward)
-        self._frozen = False  # the heap as at start() is frozen for the collector (format/gc_pause.py)
+        self._frozen = False  # the heap as at start() is frozen for the collector (runtime/gc_pause.py)
 
     # -- start / stop ------------------------------------------------------------------------
     def start(self) -> None:

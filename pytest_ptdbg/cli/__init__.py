@@ -70,7 +70,9 @@ def add_compare_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="./output", help="output folder (default ./output)")
     p.add_argument("--summary", action="store_true", help="compare statistics only (no tensors read)")
     p.add_argument("--fuzzy", action="store_true", help="ignore call indices when pairing (fuzzy_match)")
-    p.add_argument("--rule", choices=("judge", "ptdbg", "dtype"), default="judge",
+    from pytest_ptdbg.comparison.rule import Rule
+
+    p.add_argument("--rule", choices=[str(r) for r in Rule], default=str(Rule.JUDGE),
                    help="verdict: judge (default: every call replayed against a float64 oracle; "
                         "fails on a root cause or unusable data), or the per-tensor rules ptdbg "
                         "(ptdbg's cosine/abs error) and dtype (assert_close tolerances)")
@@ -131,33 +133,31 @@ def _one_line(exc: BaseException) -> str:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from pytest_ptdbg.api import compare, compare_distributed
+    from pytest_ptdbg.api import compare_distributed, compare_inputs
+    from pytest_ptdbg.comparison.options import CompareOptions, DumpInput
 
-    kw = dict(stack_mode=args.stack, fuzzy_match=args.fuzzy,
-              rule=None if args.rule == "judge" else args.rule,
-              replay_check=not args.no_replay)
     try:
+        options = CompareOptions(stack_mode=args.stack, fuzzy_match=args.fuzzy, rule=args.rule,
+                                 replay_check=not args.no_replay, log=not args.quiet,
+                                 summary_compare=True if args.summary else None)
         for path in (args.npu, args.bench):
             check_input(path)
         if args.distributed:
-            if args.summary:
-                kw["summary_compare"] = True
+            kw = dict(stack_mode=options.stack_mode, fuzzy_match=options.fuzzy_match, rule=options.rule,
+                      replay_check=options.replay_check, summary_compare=options.summary_compare)
             res = compare_distributed(step_folder(args.npu), step_folder(args.bench), args.output,
-                                      is_print_compare_log=not args.quiet, **kw)
+                                      is_print_compare_log=options.log, **kw)
             if args.quiet:
                 print(res.summary, end="")
             return EXIT_OK if res.passed else EXIT_FAILED
-        param: Dict[str, Any] = {"npu_pkl_path": args.npu, "bench_pkl_path": args.bench,
-                                 "is_print_compare_log": not args.quiet}
         if args.summary:
-            kw["summary_compare"] = True
-            param["npu_dump_data_dir"] = param["bench_dump_data_dir"] = ""
+            sides = DumpInput(args.npu, ""), DumpInput(args.bench, "")
         else:  # a .pkl or dump.json given: its data folder beside it, as for a dump folder
             from pytest_ptdbg.dump.reader import locate
 
-            for side in ("npu", "bench"):
-                param[f"{side}_dump_data_dir"] = locate(getattr(args, side)).data_dir  # None: not found
-        r = compare(param, args.output, **kw)
+            # None: not found
+            sides = DumpInput(args.npu, locate(args.npu).data_dir), DumpInput(args.bench, locate(args.bench).data_dir)
+        r = compare_inputs(sides[0], sides[1], args.output, options)
     except BrokenPipeError:
         raise
     except (OSError, ValueError) as e:

@@ -40,6 +40,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from pytest_ptdbg.runtime.dtypes import FLOATS, STEP_FLOATS
+
 __all__ = ["ArgLeaf", "MISSING", "IGNORED", "SIGNATURES", "FLOAT_RTOL", "call_spec", "compare_arguments",
            "format_value", "is_scalar_record", "signature"]
 
@@ -520,13 +522,12 @@ def _compare(npu_api: Any, bench_api: Any, sn: dict, sb: dict, npu_kw_named: boo
     return out
 
 
-_FLOAT_DTYPES = frozenset({"torch.float16", "torch.bfloat16", "torch.float32", "torch.float64"})
+_FLOAT_DTYPES = frozenset(f"torch.{d}" for d in STEP_FLOATS)
 
 
 #: ``torch.finfo`` max, eps and tiny of fp16, bf16, fp32 and fp64 (``masked_fill(m, finfo(dtype).min)``)
-_FINFO = frozenset({65504.0, 0.0009765625, 6.103515625e-05, 3.3895313892515355e+38, 0.0078125,
-                    1.1754943508222875e-38, 3.4028234663852886e+38, 1.1920928955078125e-07,
-                    1.7976931348623157e+308, 2.220446049250313e-16, 2.2250738585072014e-308})
+_FINFO = frozenset(v for d in STEP_FLOATS
+                   for v in (FLOATS[d].max, FLOATS[d].eps, FLOATS[d].tiny))
 
 
 def _float_dtypes(a: Any, b: Any) -> bool:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Tuple
 
 from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison.arguments import is_scalar_record
+from pytest_ptdbg.runtime.dtypes import FLOATS, STEP_FLOATS, short_name
 
 __all__ = ["BOOKKEEPING", "VALUE_CHANGING", "REORDERING", "classify", "stats_relation",
            "new_half_precision", "output_dtypes"]
@@ -37,7 +38,8 @@ REORDERING = frozenset({"permute", "transpose", "transpose_", "t", "t_", "flip",
                         "masked_scatter_", "unfold", "channel_shuffle", "pixel_shuffle",
                         "pixel_unshuffle", "as_strided"})
 
-_WIDTH = {"float16": 16, "half": 16, "bfloat16": 16, "float32": 32, "float": 32, "float64": 64, "double": 64}
+#: storage bits of the floating dtypes a step computes in, by every name (``runtime/dtypes.py``)
+_WIDTH = {d: FLOATS[short_name(d)].bits for d in ("float16", "half", "bfloat16", "float32", "float", "float64", "double")}
 
 
 def _bits(dtype: str) -> int:
@@ -80,8 +82,8 @@ def stats_relation(a, b, eps: float) -> str:
 
 #: half the spacing of the smallest subnormal numbers of a dtype: a rounding into it may move a
 #: value by this much absolutely (fp16's subnormals are 2**-24 apart: gradients of 1e-8 round so)
-_SUBNORMAL_HALF_STEP = {"float16": 2.0 ** -25, "half": 2.0 ** -25, "bfloat16": 2.0 ** -134,
-                        "float32": 2.0 ** -150, "float": 2.0 ** -150}
+_SUBNORMAL_HALF_STEP = {d: FLOATS[short_name(d)].subnormal_spacing / 2
+                        for d in ("float16", "half", "bfloat16", "float32", "float")}
 
 
 def _data_relation(src, out, eps: float, load: Callable[[Any], Any]) -> str:
@@ -152,7 +154,7 @@ def classify(api: Any, summary: bool, forward_kind: str = "",
     return VALUE_CHANGING, f"value-changing: {what} differs from {against} ({how}; {cast})"
 
 
-_HALF = frozenset({"torch.float16", "torch.bfloat16", "float16", "bfloat16"})
+_HALF = frozenset(n for d in STEP_FLOATS if FLOATS[d].bits == 16 for n in (f"torch.{d}", d))
 
 
 def output_dtypes(api: Any) -> set:

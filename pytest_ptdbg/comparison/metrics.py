@@ -34,6 +34,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from pytest_ptdbg.runtime.dtypes import FLOATS, short_name
+
 #: the summation unit: sums of squares are taken per CHUNK elements (as slices of DOT_SLICE) and
 #: added to the totals chunk by chunk, in order, so the results do not depend on BLOCK
 CHUNK = 1 << 15
@@ -41,18 +43,11 @@ CHUNK = 1 << 15
 BLOCK = 4 * CHUNK
 THOUSANDTH = 0.001
 FIVE_THOUSANDTHS = 0.005
-_F64_EPS = float(np.finfo(np.float64).eps)
+_F64_EPS = FLOATS["float64"].eps
 
-#: machine eps by record dtype (bf16 has no numpy dtype)
-DTYPE_EPS = {
-    "torch.float16": float(np.finfo(np.float16).eps),
-    "torch.half": float(np.finfo(np.float16).eps),
-    "torch.bfloat16": 2.0 ** -7,
-    "torch.float32": float(np.finfo(np.float32).eps),
-    "torch.float": float(np.finfo(np.float32).eps),
-    "torch.float64": _F64_EPS,
-    "torch.double": _F64_EPS,
-}
+#: machine eps by record dtype (``runtime/dtypes.py``)
+DTYPE_EPS = {f"torch.{d}": FLOATS[short_name(d)].eps
+             for d in ("float16", "half", "bfloat16", "float32", "float", "float64", "double")}
 
 
 def dtype_eps(dtype: Optional[str]) -> float:
@@ -63,7 +58,7 @@ def dtype_eps(dtype: Optional[str]) -> float:
     return DTYPE_EPS.get(d, _F64_EPS)
 
 
-_F32_EPS = float(np.finfo(np.float32).eps)
+_F32_EPS = FLOATS["float32"].eps
 #: record dtypes whose zero-bench denominator is float32's eps (ptdbg and msprobe read them as float32)
 _F32_ZERO_EPS = {"float16", "half", "bfloat16", "float32", "float"}
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, List, Optional, Tuple
 
+from pytest_ptdbg.comparison.rule import Rule
 from pytest_ptdbg.comparison.schema import is_summary
 
 __all__ = ["rejudge_table"]
@@ -53,7 +54,7 @@ def _stats(row: Any, side: str) -> List[Optional[float]]:
     return out
 
 
-def _summary(row: Any, rule: str, th: Any) -> str:
+def _summary(row: Any, rule: Rule, th: Any) -> str:
     from pytest_ptdbg.comparison import verdict as V
 
     verdict, _ = V.summary_verdict(_stats(row, "NPU"), _stats(row, "Bench"), 0, 0,
@@ -71,7 +72,7 @@ def _full_ptdbg(row: Any, th: Any) -> str:
     zero = "NPU" if "all zeros on the NPU side" in msg else ("bench" if "all zeros on the bench side" in msg else "")
     m = PairMetrics(cosine=_f(row.get("Cosine")), max_abs_err=_f(row.get("MaxAbsErr")),
                     compared=1, zero_side=zero)
-    return V.full_verdict(m, rule="ptdbg", th=th)
+    return V.full_verdict(m, rule=Rule.PTDBG, th=th)
 
 
 def _full_dtype(row: Any, th: Any) -> Optional[str]:
@@ -109,7 +110,7 @@ def _is_argument_or_code_path(row: Any) -> bool:
         (isinstance(cp, str) and cp != "")
 
 
-def rejudge_table(table: Any, rule: str, th: Any) -> Tuple[Any, List[str]]:
+def rejudge_table(table: Any, rule: Rule, th: Any) -> Tuple[Any, List[str]]:
     """A copy of ``table`` with ``Accuracy Reached or Not`` and ``_passed`` judged again under
     ``rule`` and ``th`` (``comparison.verdict.Thresholds``), and the names of the rows the table
     cannot decide (their verdict is left as it was)."""
@@ -131,7 +132,7 @@ def rejudge_table(table: Any, rule: str, th: Any) -> Tuple[Any, List[str]]:
             continue
         if summary:
             new: Optional[str] = _summary(row, rule, th)
-        elif rule == "ptdbg":
+        elif rule == Rule.PTDBG:
             new = _full_ptdbg(row, th)
         else:
             new = _full_dtype(row, th)

@@ -44,12 +44,13 @@ from pytest_ptdbg.comparison import code_path as CP
 from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.pairing import dtype_class, pair_apis
+from pytest_ptdbg.comparison.rule import Rule
 from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, METRIC_COLUMNS, SUMMARY_COLUMNS,
                                              SUMMARY_DIFF_COLUMNS, CompareTable)
 from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
-from pytest_ptdbg.format.gc_pause import paused_gc
-from pytest_ptdbg.format.progress import Progress
+from pytest_ptdbg.runtime.gc_pause import paused_gc
+from pytest_ptdbg.runtime.progress import Progress
 from pytest_ptdbg.runtime import pool
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -248,7 +249,7 @@ def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Opti
     return r
 
 
-def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack, summary: bool, rule: str,
+def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack, summary: bool, rule: Rule,
               th: V.Thresholds) -> Tuple[List[dict], set, set]:
     """One row per argument leaf of a paired call; the record slots they stand for on each side."""
     rows = []
@@ -292,7 +293,7 @@ def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack, summary: b
             r["MaxAbsErr"], r["MaxRelativeErr"] = m.max_abs_err, m.max_rel_err
             r["One Thousandth Err Ratio"], r["Five Thousandths Err Ratio"] = m.one_thousandth, m.five_thousandths
         status, message = leaf.status, leaf.message
-        if status == "changed" and rule == "dtype" and a is not None and b is not None \
+        if status == "changed" and rule == Rule.DTYPE and a is not None and b is not None \
                 and not isinstance(leaf.npu_value, bool) and not isinstance(leaf.bench_value, bool):
             # the dtype rule's tolerances (the user's rtol/atol) apply to numbers, arguments included
             rtol, atol = V.tolerance(r["NPU Tensor Dtype"], r["Bench Tensor Dtype"], th)
@@ -310,24 +311,28 @@ def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack, summary: b
     return rows, used_n, used_b
 
 
-def build_table(npu: Dump, bench: Dump, **kwargs) -> pd.DataFrame:
-    """The compare table of two dumps (see the module docstring and :func:`_build_table`), built
-    with the cyclic garbage collector paused (``format/gc_pause.py``)."""
-    with paused_gc():
-        return _build_table(npu, bench, **kwargs)
-
-
-def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack_mode: bool = False,
-                fuzzy_match: bool = False, rule: str = "ptdbg", thresholds: Optional[V.Thresholds] = None,
+def build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stack_mode: bool = False,
+                fuzzy_match: bool = False, rule: Rule = Rule.PTDBG, thresholds: Optional[V.Thresholds] = None,
                 problems: Optional[List[str]] = None, progress: Optional[Callable[[str], None]] = None,
                 workers: Optional[int] = None) -> pd.DataFrame:
-    """The compare table of two dumps (see the module docstring).
+    """The compare table of two dumps (see the module docstring), built with the cyclic garbage
+    collector paused (``runtime/gc_pause.py``).
 
-    ``summary=None`` chooses a summary compare when either dump has no saved tensors.
-    Problems met on the way (missing/mismatched data files) are appended to ``problems``.
+    ``summary=None`` chooses a summary compare when either dump has no saved tensors. ``rule``: the
+    per-tensor rule of the verdict column (``Rule.PTDBG`` or ``Rule.DTYPE``). Problems met on the
+    way (missing/mismatched data files) are appended to ``problems``. ``workers``: threads or
+    processes comparing tensor pairs (None: :data:`WORKERS` as it is now).
     """
-    th = thresholds or V.Thresholds()
     V._check_rule(rule)
+    with paused_gc():
+        return _build_table(npu, bench, summary, stack_mode, fuzzy_match, Rule(rule), thresholds,
+                            problems, progress, workers)
+
+
+def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bool, fuzzy_match: bool,
+                 rule: Rule, thresholds: Optional[V.Thresholds], problems: Optional[List[str]],
+                 progress: Optional[Callable[[str], None]], workers: Optional[int]) -> pd.DataFrame:
+    th = thresholds or V.Thresholds()
     workers = WORKERS if workers is None else workers   # read now: a caller may have set WORKERS
     if summary is None:
         summary = not (npu.has_data and bench.has_data)
@@ -383,7 +388,7 @@ def _build_table(npu: Dump, bench: Dump, *, summary: Optional[bool] = None, stac
                     _summary_row(r, nt, bt, rule, th)
             elif nt.data_file and bt.data_file:
                 tol = None
-                if rule == "dtype":
+                if rule == Rule.DTYPE:
                     rtol, atol = V.tolerance(nt.dtype, bt.dtype, th)
                     tol = (atol, rtol)
                 jobs.append((len(rows), nt, bt, tol))
@@ -510,18 +515,18 @@ def _is_scalar(t: TensorRec) -> bool:
     return tuple(t.shape) == () and M.stat_at(t.stats, 0) is not None
 
 
-def _scalar_row(r: dict, nt: TensorRec, bt: TensorRec, rule: str, th: V.Thresholds) -> None:
+def _scalar_row(r: dict, nt: TensorRec, bt: TensorRec, rule: Rule, th: V.Thresholds) -> None:
     """A 0-d value without data file (a Python scalar argument): compared from its statistics."""
     a, b = M.stat_at(nt.stats, 0), M.stat_at(bt.stats, 0)
     tol = None
-    if rule == "dtype":
+    if rule == Rule.DTYPE:
         rtol, atol = V.tolerance(nt.dtype, bt.dtype, th)
         tol = (atol, rtol)
     m = M.compare_arrays(np.array(a), np.array(b), eps=M.zero_eps(bt.dtype), tol=tol)
     _fill_metrics(r, m, nt, bt, rule, th)
 
 
-def _fill_metrics(r: dict, m: M.PairMetrics, nt: TensorRec, bt: TensorRec, rule: str, th: V.Thresholds) -> None:
+def _fill_metrics(r: dict, m: M.PairMetrics, nt: TensorRec, bt: TensorRec, rule: Rule, th: V.Thresholds) -> None:
     r["Cosine"] = m.cosine
     r["MaxAbsErr"] = m.max_abs_err
     r["MaxRelativeErr"] = m.max_rel_err
@@ -537,7 +542,7 @@ def _fill_metrics(r: dict, m: M.PairMetrics, nt: TensorRec, bt: TensorRec, rule:
     r["Err_message"] = m.message
 
 
-def _summary_row(r: dict, nt: TensorRec, bt: TensorRec, rule: str, th: V.Thresholds) -> None:
+def _summary_row(r: dict, nt: TensorRec, bt: TensorRec, rule: Rule, th: V.Thresholds) -> None:
     diffs = M.summary_diffs(nt.stats, bt.stats)
     for c, v in zip(SUMMARY_DIFF_COLUMNS, diffs):
         r[c] = v
@@ -559,7 +564,7 @@ def _four_floats(stats) -> bool:
     return stats.__class__ is list and len(stats) == 4 and all(v.__class__ is float for v in stats)
 
 
-def _summary_rows(data: Dict[str, list], deferred: list, rule: str, th: V.Thresholds) -> None:
+def _summary_rows(data: Dict[str, list], deferred: list, rule: Rule, th: V.Thresholds) -> None:
     """:func:`_summary_row` of the rows whose two sides both have four float statistics, at once
     over arrays (``verdict.summary_verdicts``, ``metrics.summary_diffs_rel_l2``): the same values
     in the column lists ``data``."""
@@ -569,7 +574,7 @@ def _summary_rows(data: Dict[str, list], deferred: list, rule: str, th: V.Thresh
     nnf = np.array([d[3] for d in deferred], dtype=np.int64)
     bnf = np.array([d[4] for d in deferred], dtype=np.int64)
     rt = at = sizes = None
-    if rule == "dtype":
+    if rule == Rule.DTYPE:
         tols: dict = {}
         pairs = [(d[1].dtype, d[2].dtype) for d in deferred]
         for p in set(pairs):
@@ -646,20 +651,6 @@ def _pair_bytes(nt, bt) -> int:
     return 8 * n   # both sides, ~4 bytes each
 
 
-def _chunks(unique: list, nbytes: int, workers: int) -> List[Tuple[int, int]]:
-    """``[(start, stop), ...]`` of about 8 chunks per worker by bytes, at most 2048 pairs each."""
-    target = max(1, nbytes // (8 * workers))
-    out, a, acc = [], 0, 0
-    for i, job in enumerate(unique):
-        acc += _pair_bytes(job[1], job[2])
-        if acc >= target or i + 1 - a >= 2048:
-            out.append((a, i + 1))
-            a, acc = i + 1, 0
-    if a < len(unique):
-        out.append((a, len(unique)))
-    return out
-
-
 def _run_jobs(data: Dict[str, list], jobs, rule, th, problems, progress, workers) -> None:
     """Compare the tensor pairs of ``jobs`` (``(row, nt, bt, tol)``) and fill their rows in the
     column lists ``data`` as the results arrive (none kept: a 160 000-pair compare would hold
@@ -709,7 +700,7 @@ def _run_jobs(data: Dict[str, list], jobs, rule, th, problems, progress, workers
 
     if workers > 1 and (nbytes >= PROCESS_MIN_BYTES or total >= PROCESS_MIN_PAIRS):
         # worker processes of this package only (runtime/pool.py); what they cannot do is done here
-        chunks = _chunks(unique, nbytes, workers)
+        chunks = pool.chunk_ranges([_pair_bytes(job[1], job[2]) for job in unique], workers)
         specs = [[_job_spec(*unique[i][1:]) for i in range(a, b)] for a, b in chunks]
         for c, res in pool.run_parallel(_compare_specs, specs, workers, pure=True):
             for k, one in enumerate(res):

@@ -38,16 +38,14 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from pytest_ptdbg.comparison.metrics import PairMetrics, stat_at
+from pytest_ptdbg.comparison.rule import Rule
+from pytest_ptdbg.runtime.dtypes import FLOATS, short_name
 
-RULES = ("ptdbg", "dtype")
+#: the per-tensor rules (``Rule.JUDGE`` is the step judgement, not a row verdict)
+RULES = (Rule.PTDBG, Rule.DTYPE)
 
-_DEFAULT_TOL = {
-    "float64": (1e-7, 1e-7),
-    "float32": (1.3e-6, 1e-5),
-    "float16": (1e-3, 1e-5),
-    "bfloat16": (1.6e-2, 1e-5),
-}
-_ALIASES = {"double": "float64", "float": "float32", "half": "float16"}
+#: assert_close's default (rtol, atol) by dtype (``runtime/dtypes.py``)
+_DEFAULT_TOL = {d: FLOATS[d].assert_close_tol for d in ("float64", "float32", "float16", "bfloat16")}
 
 
 @dataclass
@@ -64,9 +62,7 @@ class Thresholds:
     max_fail_fraction: float = 0.0
 
 
-def _short(dtype: Optional[str]) -> str:
-    d = (dtype or "").replace("torch.", "")
-    return _ALIASES.get(d, d)
+_short = short_name
 
 
 def tolerance(npu_dtype: Optional[str], bench_dtype: Optional[str],
@@ -79,13 +75,13 @@ def tolerance(npu_dtype: Optional[str], bench_dtype: Optional[str],
     return max(cands)
 
 
-def _check_rule(rule: str) -> None:
+def _check_rule(rule: Rule) -> None:
     if rule not in RULES:
         raise ValueError(f"unknown verdict rule {rule!r}; choose one of {RULES}")
 
 
 def full_verdict(m: PairMetrics, npu_dtype: Optional[str] = None, bench_dtype: Optional[str] = None,
-                 rule: str = "ptdbg", th: Optional[Thresholds] = None) -> str:
+                 rule: Rule = Rule.PTDBG, th: Optional[Thresholds] = None) -> str:
     """``"Yes"``, ``"No"`` or ``""`` for a pair compared element by element.
 
     The dtype rule needs ``m.tol_fail`` computed with :func:`tolerance`'s ``(atol, rtol)``.
@@ -96,7 +92,7 @@ def full_verdict(m: PairMetrics, npu_dtype: Optional[str] = None, bench_dtype: O
         return "No"
     if m.compared == 0:
         return ""
-    if rule == "dtype":
+    if rule == Rule.DTYPE:
         if m.tol_fail is None:
             raise ValueError("dtype rule: metrics were computed without a tolerance (tol_fail is None)")
         return "Yes" if m.tol_fail <= th.max_fail_fraction * m.compared else "No"
@@ -122,7 +118,7 @@ def _stat_mismatch(a: Optional[float], b: Optional[float]) -> bool:
 
 def summary_verdict(npu_stats: Sequence, bench_stats: Sequence, npu_nonfinite: int = 0,
                     bench_nonfinite: int = 0, shape: Sequence[int] = (), npu_dtype: Optional[str] = None,
-                    bench_dtype: Optional[str] = None, rule: str = "ptdbg",
+                    bench_dtype: Optional[str] = None, rule: Rule = Rule.PTDBG,
                     th: Optional[Thresholds] = None) -> Tuple[str, bool]:
     """Verdict from statistics only; returns ``(verdict, nan_mismatch)``."""
     _check_rule(rule)
@@ -137,7 +133,7 @@ def summary_verdict(npu_stats: Sequence, bench_stats: Sequence, npu_nonfinite: i
     if not pairs:
         return "", False
     scale = max((abs(v) for v in (b[0], b[1]) if v is not None and math.isfinite(v)), default=0.0)
-    if rule == "ptdbg":
+    if rule == Rule.PTDBG:
         for k in range(4):
             x, y = n[k], b[k]
             if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)):
@@ -164,7 +160,7 @@ VERDICT_TEXT = ("", "Yes", "No")
 
 
 def summary_verdicts(npu: np.ndarray, bench: np.ndarray, npu_nonfinite: np.ndarray,
-                     bench_nonfinite: np.ndarray, rule: str = "ptdbg", th: Optional[Thresholds] = None,
+                     bench_nonfinite: np.ndarray, rule: Rule = Rule.PTDBG, th: Optional[Thresholds] = None,
                      rtol: Optional[np.ndarray] = None, atol: Optional[np.ndarray] = None,
                      sizes: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
     """:func:`summary_verdict` of many rows at once: ``npu``/``bench`` are ``(m, 4)`` float64
@@ -185,7 +181,7 @@ def summary_verdicts(npu: np.ndarray, bench: np.ndarray, npu_nonfinite: np.ndarr
         scale = np.where(fb[:, :2], np.abs(b[:, :2]), 0.0).max(axis=1)
         d = np.abs(n - b)
         lim = np.empty_like(n)
-        if rule == "ptdbg":
+        if rule == Rule.PTDBG:
             lim[:, :3] = (th.summary_rel * scale)[:, None]
             lim[:, 3] = th.summary_rel * np.abs(b[:, 3])
             fail = (fin & (d > lim)).any(axis=1)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from pytest_ptdbg.format import records
-from pytest_ptdbg.format.gc_pause import paused_gc
+from pytest_ptdbg.runtime.gc_pause import paused_gc
 from pytest_ptdbg.format.manifest import Completeness, aside_name, is_marked_aside, judge_completeness
 from pytest_ptdbg.dump.validate import call_problem, stats_problem
 

@@ -20,6 +20,7 @@ import torch
 
 from pytest_ptdbg.judge import allowlist
 from pytest_ptdbg.errors import NotReplayable, ReplayRefused
+from pytest_ptdbg.runtime.dtypes import FLOATS, STEP_FLOATS
 
 __all__ = ["decode_call", "check_call", "family_of", "follows_precision", "with_own_precision"]
 
@@ -206,10 +207,9 @@ def check_call(spec: Any, api: str) -> None:
 def _finfo_numbers() -> dict:
     """|characteristic number| -> the dtype names it belongs to."""
     vals: dict = {}
-    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        fi = torch.finfo(dt)
-        for v in (fi.max, fi.eps, fi.tiny, fi.smallest_normal):
-            vals.setdefault(float(v), set()).add(str(dt))
+    for d in STEP_FLOATS:   # runtime/dtypes.py (finfo's tiny is its smallest_normal)
+        for v in (FLOATS[d].max, FLOATS[d].eps, FLOATS[d].tiny):
+            vals.setdefault(v, set()).add(f"torch.{d}")
     return vals
 
 

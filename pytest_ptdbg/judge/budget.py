@@ -30,6 +30,8 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from pytest_ptdbg.runtime.dtypes import COMPLEX_PARTS, FLOATS
+
 __all__ = ["FACTOR", "FLOOR_UNITS", "unit_roundoff", "OutputCheck", "check_output", "finite_norms", "judged",
            "input_rms_decided", "rms_bound", "check_exact", "selects_inputs",
            "check_indices", "check_dropout", "has_duplicates", "rms"]
@@ -39,27 +41,26 @@ FACTOR = 3.0
 #: the floor of a budget, in units of the compute dtype's rounding
 FLOOR_UNITS = 1.0
 
-_UNIT = {"torch.float64": 2.0 ** -53, "torch.float32": 2.0 ** -24, "torch.bfloat16": 2.0 ** -8,
-         "torch.float16": 2.0 ** -11, "torch.complex64": 2.0 ** -24, "torch.complex128": 2.0 ** -53,
-         "torch.float8_e4m3fn": 2.0 ** -4, "torch.float8_e5m2": 2.0 ** -3}
+#: unit roundoff by torch dtype name (``runtime/dtypes.py``; a complex dtype's is its parts')
+_UNIT = {**{f"torch.{n}": f.unit_roundoff for n, f in FLOATS.items()},
+         **{f"torch.{c}": FLOATS[part].unit_roundoff for c, part in COMPLEX_PARTS.items()}}
+_F32_UNIT = FLOATS["float32"].unit_roundoff
 
-
-_TINY = {"torch.float16": 2.0 ** -14, "torch.bfloat16": 2.0 ** -126, "torch.float32": 2.0 ** -126,
-         "torch.float64": 2.0 ** -1022}
+_TINY = {f"torch.{n}": FLOATS[n].tiny for n in ("float16", "bfloat16", "float32", "float64")}
 
 
 def subnormal_spacing(dtype: str) -> float:
     """The spacing of a dtype's subnormal numbers (smallest normal x 2u): the absolute rounding
     of values below its normal range (float16: 6e-8)."""
     name = dtype if str(dtype).startswith("torch.") else f"torch.{dtype}"
-    return _TINY.get(name, 2.0 ** -126) * 2 * unit_roundoff(name)
+    return _TINY.get(name, FLOATS["float32"].tiny) * 2 * unit_roundoff(name)
 
 
 def unit_roundoff(dtype: str) -> float:
     """Unit roundoff u = eps / 2 of a torch dtype name (``"torch.bfloat16"`` -> 2**-8); float32's
     for anything unknown."""
     name = dtype if str(dtype).startswith("torch.") else f"torch.{dtype}"
-    return _UNIT.get(name, 2.0 ** -24)
+    return _UNIT.get(name, _F32_UNIT)
 
 
 #: magnitudes at or above this are masks (``torch.finfo(dtype).min`` fills), not data

@@ -23,11 +23,11 @@ judged is counted and listed with its reason (:class:`.own_error.DumpJudgement.n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
-from pytest_ptdbg.format.text import TextEnum
+from pytest_ptdbg.runtime.text import TextEnum
 
-__all__ = ["Treatment", "Special", "special_of", "probability_arg", "dim_arg"]
+__all__ = ["Treatment", "Special", "special_of", "random_families", "probability_arg", "dim_arg"]
 
 
 class Treatment(TextEnum):
@@ -93,6 +93,12 @@ TABLE: Dict[str, Special] = {
 def special_of(family: str) -> Optional[Special]:
     """The table's row for an API family (``Functional_dropout``), or None: judged by replay."""
     return TABLE.get(family)
+
+
+def random_families() -> Tuple[str, ...]:
+    """The families whose values are random draws (random generators and fills, dropout): the
+    one list of random APIs (the advice names their category from it)."""
+    return tuple(f for f, s in TABLE.items() if s.treatment in (Treatment.RANDOM, Treatment.DROPOUT))
 
 
 def _arg(spec: Mapping[str, Any], pos: int, kw: str, default: Any) -> Any:

@@ -39,8 +39,8 @@ from pytest_ptdbg.dump import reader
 from pytest_ptdbg.dump.validate import call_problem
 from pytest_ptdbg.errors import AllocationRefused, NotReplayable, ReplayError, ReplayRefused
 from pytest_ptdbg.format import records
-from pytest_ptdbg.format.gc_pause import paused_gc
-from pytest_ptdbg.format.text import TextEnum, fmt_error
+from pytest_ptdbg.runtime.gc_pause import paused_gc
+from pytest_ptdbg.runtime.text import TextEnum, fmt_error
 from pytest_ptdbg.judge import budget as B
 from pytest_ptdbg.judge.arrays import ArrayStore
 from pytest_ptdbg.judge import not_judged as NJ

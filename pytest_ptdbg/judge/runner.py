@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 import numpy as np
 
 from pytest_ptdbg.errors import ReplayRefused
-from pytest_ptdbg.format.text import fmt_number
+from pytest_ptdbg.runtime.text import fmt_number
 from pytest_ptdbg.judge import package as pkgmod
 from pytest_ptdbg.judge.package import Package
 from pytest_ptdbg.errors import ReplayError

@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from pytest_ptdbg.format.text import TextEnum, fmt_error
+from pytest_ptdbg.runtime.text import TextEnum, fmt_error
 
 __all__ = ["Cause", "RootCause", "StepJudgement", "judge_step", "statistics_causes", "rescan_hint", "unusable_text",
            "STAT_FACTOR", "STAT_FLOOR_UNITS", "STAT_SIGNIFICANT"]

@@ -15,7 +15,7 @@ from pytest_ptdbg.comparison.schema import is_summary
 from pytest_ptdbg.comparison.verdict import Thresholds
 from pytest_ptdbg.plugin.options import Settings, per_test
 from pytest_ptdbg.errors import PrecisionError
-from pytest_ptdbg.format.text import fmt_number
+from pytest_ptdbg.runtime.text import fmt_number
 
 __all__ = ["PrecisionError", "assert_precision", "evaluate", "Evaluation"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from pytest_ptdbg.comparison.rule import Rule
 from pytest_ptdbg.plugin.options import Settings
 
 _PTDBG_KEYS = ("cosine", "max_abs", "cosine_hard", "max_abs_hard", "summary_rel")
@@ -29,9 +30,9 @@ def to_thresholds(settings: Settings) -> Any:
 def effective_thresholds(settings: Settings) -> Dict[str, Any]:
     """The thresholds in force for the settings' rule, for messages."""
     th = to_thresholds(settings)
-    if settings.rule == "judge":
+    if settings.rule == Rule.JUDGE:
         return {}
-    if settings.rule == "ptdbg":
+    if settings.rule == Rule.PTDBG:
         return {k: getattr(th, k) for k in _PTDBG_KEYS}
     out: Dict[str, Any] = {}
     given = settings.thresholds
@@ -45,13 +46,23 @@ def effective_thresholds(settings: Settings) -> Dict[str, Any]:
     return out
 
 
-def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> Any:
-    """``compare(params, out_dir, stack_mode=True, auto_analyze=True, rule, thresholds)``, quietly."""
-    from pytest_ptdbg.api import compare
+def compare_options(settings: Settings, log: bool = False) -> Any:
+    """The ``CompareOptions`` of a test: its rule and thresholds, stack and advisor on."""
+    from pytest_ptdbg.comparison.options import CompareOptions
 
-    return compare(params, out_dir, stack_mode=True, auto_analyze=True, fuzzy_match=False,
-                   rule=None if settings.rule == "judge" else settings.rule,
-                   thresholds=to_thresholds(settings))
+    return CompareOptions(stack_mode=True, auto_analyze=True, fuzzy_match=False, rule=settings.rule,
+                          thresholds=to_thresholds(settings), log=log)
+
+
+def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> Any:
+    """The compare of ``params`` (ptdbg's ``input_param``) into ``out_dir`` under ``settings``."""
+    from pytest_ptdbg.api import compare_inputs
+    from pytest_ptdbg.comparison.options import inputs_from_param
+
+    options = compare_options(settings, log=bool(params.get("is_print_compare_log", True)))
+    result = compare_inputs(*inputs_from_param(params), out_dir, options)
+    result.input_param = dict(params)
+    return result
 
 
 def advise_table(table: Any, previous: Any = None) -> Any:

@@ -271,22 +271,22 @@ class PtdbgDump:
         update = settings.update_golden
         if not os.path.isfile(gpath):
             if problems:
-                self._entries.append(dict(base, verdict="error", golden_status="missing",
+                self._entries.append(dict(base, verdict="error", golden_status=golden.GoldenStatus.MISSING,
                                           reason="NaN/Inf: no golden written"))
                 pytest.fail(f"no golden written for {nodeid}: " + "; ".join(problems),
                             pytrace=False)
             if not update and state.golden_ci:
-                self._entries.append(dict(base, verdict="missing-golden", golden_status="missing",
+                self._entries.append(dict(base, verdict="missing-golden", golden_status=golden.GoldenStatus.MISSING,
                                           reason=f"no golden at {gpath}"))
                 pytest.fail(golden.missing_message(nodeid, gpath, ci=True), pytrace=False)
             golden.write(gpath, text)
             if not update:
-                self._entries.append(dict(base, verdict="missing-golden", golden_status="created",
+                self._entries.append(dict(base, verdict="missing-golden", golden_status=golden.GoldenStatus.CREATED,
                                           reason=f"golden created: {gpath}"))
                 pytest.fail(golden.missing_message(nodeid, gpath, ci=False), pytrace=False)
-            status = "created"
+            status = golden.GoldenStatus.CREATED
         else:
-            status = "unchanged"
+            status = golden.GoldenStatus.UNCHANGED
         error = ""
         try:
             ref = golden.read(gpath)
@@ -296,26 +296,26 @@ class PtdbgDump:
             error = (f"{gpath}:1: this golden belongs to {ref.nodeid} (call "
                      f"{ref.header.get('call')}), not to {nodeid} (call {call})")
         if error and not update:
-            self._entries.append(dict(base, verdict="error", golden_status="unreadable",
+            self._entries.append(dict(base, verdict="error", golden_status=golden.GoldenStatus.UNREADABLE,
                                       reason=error))
             pytest.fail(f"golden of {nodeid} is unusable: {error}\n  rewrite it with: "
                         f"pytest --ptdbg-update '{nodeid}'", pytrace=False)
         if error:
             golden.write(gpath, text)
-            ref, status = golden.read(gpath), "updated"
+            ref, status = golden.read(gpath), golden.GoldenStatus.UPDATED
         result = self._judge_golden(npu, ref, fresh, out, settings, call, device, gpath,
                                     problems, notes)
-        if update and status == "unchanged" and (ref.header != head or not result.verdict()):
+        if update and status is golden.GoldenStatus.UNCHANGED and (ref.header != head or not result.verdict()):
             if problems:
                 pytest.fail(f"golden of {nodeid} not updated: " + "; ".join(problems),
                             pytrace=False)
             golden.write(gpath, text)
-            status = "updated"
+            status = golden.GoldenStatus.UPDATED
             self._forget(result)
             result = self._judge_golden(npu, golden.read(gpath), fresh, out, settings, call,
                                         device, gpath, problems, notes)
-        self._entries[-1]["golden_status"] = status if update or status != "unchanged" else (
-            "unchanged" if result.verdict() else "differs")
+        self._entries[-1]["golden_status"] = status if update or status is not golden.GoldenStatus.UNCHANGED else (
+            golden.GoldenStatus.UNCHANGED if result.verdict() else golden.GoldenStatus.DIFFERS)
         return result
 
     def _judge_golden(self, npu: SideRun, ref: Any, fresh: Any, out: str, settings: Settings,

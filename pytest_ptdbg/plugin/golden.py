@@ -25,6 +25,22 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Set
 
 from pytest_ptdbg.errors import GoldenError
+from pytest_ptdbg.runtime.text import TextEnum
+
+class GoldenStatus(TextEnum):
+    """What a test did with its golden (the session summary counts each)."""
+
+    CREATED = "created"        #: there was none: written from this run
+    UPDATED = "updated"        #: rewritten (``--ptdbg-update``, or an unreadable one replaced)
+    UNCHANGED = "unchanged"    #: this run agrees with it
+    DIFFERS = "differs"        #: this run differs from it
+    MISSING = "missing"        #: there is none and none was written (CI, or NaN/Inf in the run)
+    UNREADABLE = "unreadable"  #: it cannot be read or belongs to another test
+
+
+#: the statuses the session summary lists, in its order
+SUMMARY_STATUSES = (GoldenStatus.CREATED, GoldenStatus.UPDATED, GoldenStatus.UNCHANGED, GoldenStatus.DIFFERS,
+                    GoldenStatus.MISSING)
 
 FOLDER = "__ptdbg__"
 SUFFIX = ".golden.jsonl"

@@ -28,6 +28,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from pytest_ptdbg.format import manifest, records
 from pytest_ptdbg.judge.budget import SENTINEL, unit_roundoff
 from pytest_ptdbg.plugin.golden import Golden, encode, round_stat, stat_value
+from pytest_ptdbg.runtime.dtypes import STEP_FLOATS
+from pytest_ptdbg.runtime.text import TextEnum
 
 #: statistics drift (relative to the tensor's range; the L2 norm relative to itself) allowed per
 #: dtype: what rounding and summation order explain on another CPU or thread count, far below
@@ -148,11 +150,22 @@ def same_arguments(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+class DiffKind(TextEnum):
+    """What differs between a golden and this run in one record."""
+
+    MISSING_CALL = "missing call"   #: called in the golden, not in this run
+    NEW_CALL = "new call"           #: called in this run, not in the golden
+    ARGUMENTS = "arguments"         #: its non-tensor arguments changed
+    TENSOR = "tensor"               #: a tensor added, gone, or of another dtype or shape
+    NONFINITE = "nan/inf"           #: its NaN/Inf counts changed
+    STATISTICS = "statistics"       #: its statistics drifted beyond the dtype's allowance
+
+
 @dataclass
 class Difference:
     """One differing record: what differs, the stable key, and the two lines (None: absent)."""
 
-    kind: str        # "missing call", "new call", "arguments", "tensor", "nan/inf", "statistics"
+    kind: DiffKind
     key: str
     what: str
     golden: Optional[Dict[str, Any]]
@@ -234,7 +247,7 @@ def drift(g: Sequence[Any], f: Sequence[Any]) -> float:
 #: reduction's sum on one CPU, summed in another order)
 NOISE_UNITS = 16.0
 #: the floating dtypes that round (python numbers, integer and bool tensors get no floor)
-_ROUNDED = ("float64", "float32", "float16", "bfloat16")
+_ROUNDED = STEP_FLOATS
 #: division-like APIs: (numerator input, denominator input); a quotient's rounding level is the
 #: numerator's divided by the smallest denominator (Adam's ``addcdiv(p, m, sqrt(v) + eps)``
 #: divides rounding noise of a zero gradient by ``eps``)
@@ -434,17 +447,17 @@ def check(golden: Golden, fresh: FreshDump, ignore: Sequence[str] = (), only: Se
         order = pos.get((key, None), g_pos.get(key, 0))
         in_g, in_f = key in g_order, key in f_order
         if in_g and not in_f:
-            diffs.append(Difference("missing call", key, "called in the golden, not in this run",
+            diffs.append(Difference(DiffKind.MISSING_CALL, key, "called in the golden, not in this run",
                                     g_calls.get(key), None, order))
             continue
         if in_f and not in_g:
-            diffs.append(Difference("new call", key, "not in the golden", None, f_calls.get(key),
+            diffs.append(Difference(DiffKind.NEW_CALL, key, "not in the golden", None, f_calls.get(key),
                                     order))
             continue
         gc, fc = g_calls.get(key), f_calls.get(key)
         if not same_arguments((gc or {}).get("call"), (fc or {}).get("call")):
-            diffs.append(Difference("arguments", key, "non-tensor arguments changed", gc, fc, order))
-    changed_args = {d.key for d in diffs if d.kind == "arguments"}
+            diffs.append(Difference(DiffKind.ARGUMENTS, key, "non-tensor arguments changed", gc, fc, order))
+    changed_args = {d.key for d in diffs if d.kind is DiffKind.ARGUMENTS}
 
     g_by_call, f_by_call = _by_call(g_tensors), _by_call(f_tensors)
 
@@ -465,13 +478,13 @@ def check(golden: Golden, fresh: FreshDump, ignore: Sequence[str] = (), only: Se
         gl = g_tensors.get((key, t))
         order = pos[(key, t)]
         if gl is None:
-            diffs.append(Difference("tensor", key, f"{t} not in the golden", None, fl, order))
+            diffs.append(Difference(DiffKind.TENSOR, key, f"{t} not in the golden", None, fl, order))
             continue
         if gl.get("dtype") != fl.get("dtype") or gl.get("shape") != fl.get("shape"):
-            diffs.append(Difference("tensor", key, f"{t} dtype/shape changed", gl, fl, order))
+            diffs.append(Difference(DiffKind.TENSOR, key, f"{t} dtype/shape changed", gl, fl, order))
             continue
         if gl.get("nonfinite") != fl.get("nonfinite"):
-            diffs.append(Difference("nan/inf", key, f"{t} NaN/Inf counts changed", gl, fl, order))
+            diffs.append(Difference(DiffKind.NONFINITE, key, f"{t} NaN/Inf counts changed", gl, fl, order))
             continue
         if key in changed_args and fl.get("dtype") in ("int", "float", "bool"):
             continue  # a number argument: the arguments difference shows it
@@ -486,13 +499,13 @@ def check(golden: Golden, fresh: FreshDump, ignore: Sequence[str] = (), only: Se
                                       _numel(fl.get("shape"))):
                 continue
             floor_text = f", or {floor:.3g} at its call's rounding level" if floor else ""
-            diffs.append(Difference("statistics", key, f"{t} drifted {d:.3g} (allowed "
+            diffs.append(Difference(DiffKind.STATISTICS, key, f"{t} drifted {d:.3g} (allowed "
                                     f"{tol:g} for {fl.get('dtype')}{floor_text})", gl, fl,
                                     order, d))
     for (key, t), gl in g_tensors.items():
         if skipped(key) or key not in f_order or (key, t) in f_tensors:
             continue
-        diffs.append(Difference("tensor", key, f"{t} missing in this run", gl, None, pos[(key, t)]))
+        diffs.append(Difference(DiffKind.TENSOR, key, f"{t} missing in this run", gl, None, pos[(key, t)]))
     diffs.sort(key=lambda d: (d.order, d.what))
     culprit = _culprit(diffs)
     loc = ""
@@ -521,7 +534,7 @@ def _culprit(diffs: List[Difference]) -> Optional[Difference]:
     if not diffs:
         return None
     for d in diffs:
-        if d.kind != "statistics":
+        if d.kind is not DiffKind.STATISTICS:
             return d
     drifting: Dict[Tuple[str, str], List[Difference]] = {}
     for d in diffs:

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
+from pytest_ptdbg.comparison.rule import Rule
+
 DEVICES = ("auto", "cpu", "cuda", "npu")
 DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32",
           "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -20,7 +22,7 @@ DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32",
 KEEP = ("failed", "all", "none")
 #: ``judge``: compare()'s default judgement (every call replayed against a float64 oracle; a step
 #: fails on a root cause or unusable data); ``ptdbg`` / ``dtype``: the per-tensor threshold rules
-RULES = ("judge", "ptdbg", "dtype")
+RULES = tuple(Rule)
 #: thresholds of the dtype rule; any other threshold belongs to the ptdbg rule
 DTYPE_THRESHOLDS = ("rtol", "atol", "max_fail_fraction")
 RANDOM = ("cpu", "native")
@@ -54,7 +56,7 @@ class Settings:
     device: str = "auto"
     bench: str = "cpu"
     dtype: str = "float32"
-    rule: str = "judge"
+    rule: Rule = Rule.JUDGE
     thresholds: Mapping[str, float] = field(default_factory=dict)
     keep: str = "failed"
     summary_only: bool = False
@@ -202,8 +204,9 @@ def _validate(settings: Settings, where: str) -> Settings:
         raise ValueError(f"{where}: dtype={settings.dtype!r}; allowed: float32, bfloat16, float16")
     if settings.rule not in RULES:
         raise ValueError(f"{where}: rule={settings.rule!r}; allowed: {', '.join(RULES)}")
-    if settings.rule == "judge" and settings.thresholds:  # thresholds are those of a per-tensor rule
-        rule = "dtype" if any(k in DTYPE_THRESHOLDS for k in settings.thresholds) else "ptdbg"
+    settings = replace(settings, rule=Rule(settings.rule))
+    if settings.rule is Rule.JUDGE and settings.thresholds:  # thresholds are those of a per-tensor rule
+        rule = Rule.DTYPE if any(k in DTYPE_THRESHOLDS for k in settings.thresholds) else Rule.PTDBG
         settings = replace(settings, rule=rule)
     if settings.random not in RANDOM:
         raise ValueError(f"{where}: random={settings.random!r}; allowed: {', '.join(RANDOM)}")

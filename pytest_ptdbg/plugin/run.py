@@ -280,16 +280,12 @@ def run_model(model: Any, inputs: Any, step: Optional[Callable[[Any, Any], Any]]
 def compare_sides(npu: SideRun, bench: SideRun, out_dir: str, settings: Settings) -> Any:
     """``compare()`` of the two sides into ``out_dir`` with the rule and thresholds of settings."""
     __tracebackhide__ = True
-    from pytest_ptdbg.plugin.compat import call_compare
+    from pytest_ptdbg.api import compare_inputs
+    from pytest_ptdbg.comparison.options import DumpInput
+    from pytest_ptdbg.plugin.compat import compare_options
 
     os.makedirs(out_dir, exist_ok=True)
     # each side's own tensors: a statistics-only side (a golden) makes it a statistics compare
     # of the tensors, and lets compare() judge the device side's calls on their own data
-    params: Dict[str, Any] = {
-        "npu_pkl_path": npu.pkl_path,
-        "bench_pkl_path": bench.pkl_path,
-        "npu_dump_data_dir": npu.data_dir or "",
-        "bench_dump_data_dir": bench.data_dir or "",
-        "is_print_compare_log": False,
-    }
-    return call_compare(params, out_dir, settings)
+    return compare_inputs(DumpInput(npu.pkl_path, npu.data_dir or ""), DumpInput(bench.pkl_path, bench.data_dir or ""),
+                          out_dir, compare_options(settings))

@@ -12,7 +12,8 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
-from pytest_ptdbg.format.text import fmt_number
+from pytest_ptdbg.plugin.golden import SUMMARY_STATUSES
+from pytest_ptdbg.runtime.text import fmt_number
 
 SUMMARY_NAME = "ptdbg_summary.json"
 INDEX_NAME = "index.html"
@@ -104,7 +105,7 @@ class SessionSummary:
 
     def golden_counts(self) -> Dict[str, int]:
         """created / updated / unchanged / differs / missing, and unused (or removed) goldens."""
-        out = {k: 0 for k in ("created", "updated", "unchanged", "differs", "missing")}
+        out = {str(k): 0 for k in SUMMARY_STATUSES}
         for e in self.entries:
             status = e.get("golden_status")
             if status:
@@ -213,8 +214,7 @@ class SessionSummary:
         g = self.golden_counts()
         if any(g.values()):
             tr.write_line("ptdbg goldens: " + ", ".join(
-                f"{g[k]} {k}" for k in ("created", "updated", "unchanged", "differs", "missing",
-                                        "unused", "removed")))
+                f"{g[k]} {k}" for k in (*map(str, SUMMARY_STATUSES), "unused", "removed")))
         skipped = self.skipped()
         if skipped:
             n = sum(skipped.values())

@@ -15,7 +15,7 @@ import pandas as pd
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.advisor import MIN_GROWTH, PASS_FRACTION_NOTE, Advice, Suspect
 from pytest_ptdbg.comparison import schema
-from pytest_ptdbg.format.text import fmt_error, fmt_number
+from pytest_ptdbg.runtime.text import fmt_error, fmt_number
 from pytest_ptdbg.report.outputs import write_new
 from pytest_ptdbg.report.svg_plot import Mark, PlotData, Series, error_plot
 

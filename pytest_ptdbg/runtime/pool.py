@@ -27,7 +27,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-__all__ = ["run_parallel", "in_worker", "LAST_RUN"]
+__all__ = ["run_parallel", "map_unordered", "chunk_ranges", "default_workers", "in_worker", "LAST_RUN"]
 
 #: seconds a new worker may take to start and import this package before it is given up
 START_TIMEOUT_S = 60.0
@@ -150,6 +150,37 @@ def run_parallel(func: Callable[[Any], Any], items: Sequence[Any], workers: int,
                 _kill(p)
         LAST_RUN.clear()   # after any nested run of the items computed here
         LAST_RUN.update(stats)
+
+
+def default_workers(limit: int = 8) -> int:
+    """The default number of workers: the CPU count, at most ``limit``."""
+    return min(os.cpu_count() or 1, limit)
+
+
+def map_unordered(func: Callable[[Any], Any], items: Sequence[Any], workers: int) -> Iterator[Tuple[int, Any]]:
+    """:func:`run_parallel` with ``workers`` > 1 and more than one item; else ``(i, func(item))``
+    one by one in this process, in order."""
+    if workers <= 1 or len(items) <= 1:
+        for i, item in enumerate(items):
+            yield i, func(item)
+        return
+    yield from run_parallel(func, items, workers)
+
+
+def chunk_ranges(weights: Sequence[int], workers: int, per_worker: int = 8,
+                 max_items: int = 2048) -> List[Tuple[int, int]]:
+    """``[(start, stop), ...]`` cutting items of these ``weights`` (bytes, say) into about
+    ``per_worker`` chunks per worker of equal weight, at most ``max_items`` items each."""
+    target = max(1, sum(weights) // (per_worker * workers))
+    out, a, acc = [], 0, 0
+    for i, w in enumerate(weights):
+        acc += w
+        if acc >= target or i + 1 - a >= max_items:
+            out.append((a, i + 1))
+            a, acc = i + 1, 0
+    if a < len(weights):
+        out.append((a, len(weights)))
+    return out
 
 
 def _here(func: Callable[[Any], Any], item: Any) -> Any:

@@ -1,6 +1,6 @@
 import io
 
-from pytest_ptdbg.format.progress import Progress, is_terminal
+from pytest_ptdbg.runtime.progress import Progress, is_terminal
 
 
 def test_progress_draws_only_where_enabled():
