@@ -78,10 +78,11 @@ their index); a list/tuple argument adds a level (``input.2.0``). A single tenso
 
 No alias (hence no ``backward_output``) for: the first argument of in-place ops, calls with
 ``out=``, calls under no_grad, ``Distributed`` calls, sparse and nested inputs, and embedding APIs
-called with a True flag (``sparse=True`` gives a sparse gradient, which a view cannot pass on). The same tensor passed twice to one API
-gets one alias; its gradient (the sum over both uses) is reported at its first index. An output
-that is one of the inputs given back unchanged (``x.to(x.dtype)``, ``x.contiguous()``) is the
-caller's own tensor again and gets no ``backward_input`` tap.
+called with a True flag (``sparse=True`` gives a sparse gradient, which a view cannot pass on).
+The same tensor passed twice to one API gets one alias; its gradient (the sum over both uses) is
+reported at its first index. An output that is one of the inputs given back unchanged
+(``x.to(x.dtype)``, ``x.contiguous()``) is the caller's own tensor again and gets no
+``backward_input`` tap.
 """
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ import linecache
 import os
 import warnings
 import weakref
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from types import CodeType, FrameType
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from pytest_ptdbg.format import records
 from pytest_ptdbg.errors import SinkStop, SinkUsageError  # noqa: F401  (re-exported)
@@ -257,14 +259,16 @@ def _tensor_type() -> Any:
 
 
 _TENSOR: Any = None
-_FRAME_CACHE: dict = {}
+#: (code object, line) -> (file, line, function, source) or () for a frame of this package
+_FRAME_CACHE: Dict[Tuple[CodeType, int], Tuple[Any, ...]] = {}
 _SKIP_FILES = (os.path.join("torch", "overrides.py"),)
 
 
-_CHAINS: dict = {}
+#: chain key (code ids and instruction offsets) -> the encoded stack
+_CHAINS: Dict[Tuple[int, ...], List[list]] = {}
 
 
-def extract_stack(frame: Any, limit: int = 30) -> List[list]:
+def extract_stack(frame: Optional[FrameType], limit: int = 30) -> List[list]:
     """Frames from ``frame`` outwards (innermost first), skipping this package's own frames.
 
     The same chain of frames gives the same (shared, not to be modified) list object, so sinks can
@@ -272,7 +276,7 @@ def extract_stack(frame: Any, limit: int = 30) -> List[list]:
     (``f_lasti``: cheap to read, unlike ``f_lineno``, which decodes the line table); line numbers
     are computed only for a chain not seen before.
     """
-    ids = []  # ints hash fast; the code objects stay alive as keys of _FRAME_CACHE
+    ids: List[int] = []  # ints hash fast; the code objects stay alive as keys of _FRAME_CACHE
     append = ids.append
     f = frame
     n = 0
@@ -285,7 +289,7 @@ def extract_stack(frame: Any, limit: int = 30) -> List[list]:
     hit = _CHAINS.get(key)
     if hit is not None:
         return hit
-    chain = []
+    chain: List[Tuple[CodeType, int]] = []
     f = frame
     while f is not None and len(chain) < limit:
         chain.append((f.f_code, f.f_lineno))
