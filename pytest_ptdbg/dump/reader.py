@@ -425,8 +425,10 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str], check_files: bool = False,
                     if rec is None:
                         rec = json.loads(line)
                     why = ""
-                except ValueError as e:
+                except json.JSONDecodeError as e:
                     rec, why = None, e.msg
+                except ValueError as e:   # not a syntax error: an integer past Python's digit limit
+                    rec, why = None, str(e)
                 except RecursionError:
                     rec, why = None, f"JSON nested deeper than {MAX_DEPTH} levels"
                 if not why and not fast.hit and not nesting_ok(rec, MAX_DEPTH, line.count("[") + line.count("{")):
