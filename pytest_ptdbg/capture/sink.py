@@ -2,9 +2,9 @@
 
 Capture (``capture/engine.py``) decides *what* was called; a sink decides *what to do* with it.
 The dump writer (``dump/writer.py``: ``DumpSink``) is one sink; the overflow checker
-(``replay/overflow.py``: ``OverflowSink``) and the acl packager (``replay/acl.py``: ``AclSink``)
+(``sinks/overflow.py``: ``OverflowSink``) and the acl packager (``sinks/acl.py``: ``AclSink``)
 are others. ``PrecisionDebugger`` builds its sinks with ``Cls(config=<DebugConfig>, rank_dir=<str>)``
-(``config.py``: fields ``dump_path, hook_name, step, rank, mode, scope, api_list, filter_switch,
+(``runtime/config.py``: fields ``dump_path, hook_name, step, rank, mode, scope, api_list, filter_switch,
 input_output_mode, summary_only, acl_config, backward_input, overflow_nums``) and attaches them to
 the engine. A sink's callbacks run with capture paused (their torch calls are not recorded); an
 exception raised in one never reaches the user's code: capture catches it, warns once per kind of

@@ -7,7 +7,7 @@
 
 Every entry of ``Dump.problems`` means some of the dump could not be used: compare counts each
 against its verdict. ``Dump.notes`` holds what is worth saying but fails nothing (a ptdbg/msprobe
-dump's completeness is unknown). Completeness follows ``dump/manifest.py``'s rule
+dump's completeness is unknown). Completeness follows ``format/manifest.py``'s rule
 (``Dump.completeness``). Only regular files are read (a FIFO or device in place of a file is
 refused by ``fstat`` before any read), lines are bounded in length and JSON nesting depth.
 """

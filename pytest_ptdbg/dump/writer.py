@@ -12,7 +12,7 @@ leaves complete lines and loses at most the batch in memory.
 Full-tensor dumps use :class:`AsyncRankWriter`: tensor snapshots and lines are written in order
 by one I/O thread, so every line on disk names ``.npy`` files that exist and are whole.
 At every ``stop()`` and at the end of the step, once all of it is on disk, the writer writes the
-completeness manifest (``dump/manifest.py``). A write error never reaches the user's code: the
+completeness manifest (``format/manifest.py``). A write error never reaches the user's code: the
 dump stops, one warning is issued, and the manifest says ``complete: false`` (see RankWriter).
 
 :class:`DumpSink` is the capture sink (``capture/sink.py``) that turns calls into records.
@@ -183,7 +183,7 @@ class RankWriter:
     replaces an existing rank directory (see :func:`replace_dir`) in a background thread (slow on
     some filesystems; lines wait in memory meanwhile), so a step that records nothing leaves an
     earlier run's files alone. :meth:`flush` (``stop()``) and :meth:`close` (end of the step) write
-    the completeness manifest (``dump/manifest.py``) once every line and file is on disk.
+    the completeness manifest (``format/manifest.py``) once every line and file is on disk.
 
     No method raises: the first write error (full disk, permission, vanished directory, anything
     else) stops this step's dump, removes a stale manifest, truncates a half-written line, warns

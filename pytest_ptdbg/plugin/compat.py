@@ -3,16 +3,23 @@ re-run the advisor on a filtered table. No torch here.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from pytest_ptdbg.plugin.options import Settings
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from pytest_ptdbg.advise.advisor import Advice
+    from pytest_ptdbg.api import CompareResult
+    from pytest_ptdbg.comparison.verdict import Thresholds
 
 _PTDBG_KEYS = ("cosine", "max_abs", "cosine_hard", "max_abs_hard", "summary_rel")
 _DTYPE_KEYS = ("max_fail_fraction",)
 
 
-def to_thresholds(settings: Settings) -> Any:
-    """``compare.verdict.Thresholds`` from the settings' threshold dict."""
+def to_thresholds(settings: Settings) -> Thresholds:
+    """``comparison.verdict.Thresholds`` from the settings' threshold dict."""
     from pytest_ptdbg.comparison.verdict import Thresholds
 
     th = Thresholds()
@@ -45,7 +52,7 @@ def effective_thresholds(settings: Settings) -> Dict[str, Any]:
     return out
 
 
-def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> Any:
+def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> CompareResult:
     """``compare(params, out_dir, stack_mode=True, auto_analyze=True, rule, thresholds)``, quietly."""
     from pytest_ptdbg.api import compare
 
@@ -54,7 +61,7 @@ def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> An
                    thresholds=to_thresholds(settings))
 
 
-def advise_table(table: Any, previous: Any = None) -> Any:
+def advise_table(table: pd.DataFrame, previous: Optional[Advice] = None) -> Advice:
     """The advisor's findings for a (filtered or re-judged) table; the judgement of ``previous``
     (the compare's own advice) is kept."""
     from pytest_ptdbg.advise.advisor import advise

@@ -10,9 +10,12 @@ import datetime
 import html
 import json
 import os
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from pytest_ptdbg.format.text import fmt_number
+
+if TYPE_CHECKING:
+    import pytest
 
 SUMMARY_NAME = "ptdbg_summary.json"
 INDEX_NAME = "index.html"
@@ -92,7 +95,7 @@ class SessionSummary:
         self.json_path: Optional[str] = None
         self.index_path: Optional[str] = None
 
-    def add_report(self, report: Any) -> None:
+    def add_report(self, report: pytest.TestReport) -> None:
         for entry in getattr(report, REPORT_ATTR, None) or ():
             self.entries.append(dict(entry))
 
@@ -104,7 +107,7 @@ class SessionSummary:
 
     def golden_counts(self) -> Dict[str, int]:
         """created / updated / unchanged / differs / missing, and unused (or removed) goldens."""
-        out = {k: 0 for k in ("created", "updated", "unchanged", "differs", "missing")}
+        out = dict.fromkeys(("created", "updated", "unchanged", "differs", "missing"), 0)
         for e in self.entries:
             status = e.get("golden_status")
             if status:
@@ -180,7 +183,7 @@ class SessionSummary:
         os.replace(path + ".tmp", path)
         return path
 
-    def write_terminal(self, tr: Any) -> None:
+    def write_terminal(self, tr: pytest.TerminalReporter) -> None:
         if not self.entries and not self.unused and not self.removed:
             return
         tr.write_sep("=", "ptdbg precision summary")
