@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 import torch
 
 __all__ = [
-    "NOOP", "isolated", "outside_modes", "modes_off", "modes_on", "user_modes_active", "functorch_active",
+    "NOOP", "isolated", "outside_modes", "modes_off", "modes_on", "functorch_active",
     "unwrap", "unwrap_tree",
 ]
 
@@ -57,11 +57,6 @@ NOOP = contextlib.nullcontext()
 def functorch_active() -> bool:
     """Whether a functorch transform (``torch.func.grad``, ``vmap``, ``jvp``...) is running."""
     return _ft_level() is not None
-
-
-def user_modes_active() -> bool:
-    """Whether autocast, a torch function or dispatch mode, or a functorch transform is active."""
-    return bool(_ft_level() is not None or _td_len() or _tf_len() or _any_autocast())
 
 
 def isolated() -> Any:
