@@ -16,7 +16,7 @@ user's wrapped tensors are never touched.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 
@@ -59,7 +59,7 @@ def functorch_active() -> bool:
     return _ft_level() is not None
 
 
-def isolated() -> Any:
+def isolated() -> ContextManager[object]:
     """A context outside the user's autocast, modes and functorch transforms (see the module
     docstring); the shared no-op context :data:`NOOP` when none is active."""
     if not (_ft_level() is not None or _td_len() or _tf_len() or _any_autocast()):
@@ -67,7 +67,7 @@ def isolated() -> Any:
     return _Isolated()
 
 
-def outside_modes() -> Any:
+def outside_modes() -> ContextManager[object]:
     """:func:`isolated` for capture's per-call path: the same context, but autocast alone (whose
     check costs as much as the other three) does not make it: autocast changes no op the sinks run
     per call (clone, detach, conversions), and the statistics leave it themselves

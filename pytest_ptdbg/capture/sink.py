@@ -120,7 +120,7 @@ class ApiCall:
         ctx: str = "",
         inplace: bool = False,
         seq: int = 0,
-        frame: Any = None,
+        frame: Optional[FrameType] = None,
     ) -> None:
         self.api_type = api_type
         self.api_name = api_name
@@ -320,7 +320,8 @@ _WARNED: set = set()
 LOST_RECORD = "the dump misses this record"
 
 
-def report_internal_error(where: str, error: BaseException, sink: Any = None, effect: str = LOST_RECORD) -> None:
+def report_internal_error(where: str, error: BaseException, sink: Optional[Sink] = None,
+                          effect: str = LOST_RECORD) -> None:
     """An internal error of the debugger inside the user's step: never raised, warned once per
     ``(where, exception type)``, and recorded as ``sink.degraded`` (the first reason is kept).
     ``effect`` says, truly, what it cost (default: a record is missing)."""
