@@ -24,11 +24,16 @@ import logging
 import os
 import warnings
 import weakref
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
 
 from pytest_ptdbg.errors import ConfigError
 from pytest_ptdbg.runtime import config as _config
 from pytest_ptdbg.format import records
+
+if TYPE_CHECKING:
+    from pytest_ptdbg.capture.engine import CaptureEngine
+    from pytest_ptdbg.capture.sink import Sink
+    from pytest_ptdbg.dump.lock import RankLock
 
 __all__ = ["PrecisionDebugger"]
 
@@ -75,10 +80,10 @@ class PrecisionDebugger:
 
     def __init__(
         self,
-        dump_path: Any = "./ptdbg_dump",
+        dump_path: Union[str, "os.PathLike[str]"] = "./ptdbg_dump",
         hook_name: str = "dump",
-        rank: Any = None,
-        step: Any = None,
+        rank: Union[None, int, Sequence[int]] = None,
+        step: Optional[Sequence[int]] = None,
         enable_dataloader: bool = False,
         model: Any = None,
     ) -> None:
@@ -92,11 +97,11 @@ class PrecisionDebugger:
         if enable_dataloader:
             raise ConfigError("invalid enable_dataloader=True: allowed values are False (not supported)")
         self.current_step = 0
-        self._engine: Any = None
-        self._sinks: List[Any] = []
+        self._engine: Optional[CaptureEngine] = None
+        self._sinks: List[Sink] = []
         self._sink_step: Optional[int] = None
         self._started = False
-        self._lock: Any = None  # the RankLock of the open step's dump
+        self._lock: Optional[RankLock] = None  # the lock of the open step's dump
         self._pid = os.getpid()
         self._warned = False
         #: rank directories this debugger wrote into, in order
@@ -138,7 +143,7 @@ class PrecisionDebugger:
     def _rank_dir(self, rank: int) -> str:
         return records.rank_dir(self.config.dump_path, self.current_step, rank)
 
-    def _make_sinks(self, rank: int) -> List[Any]:
+    def _make_sinks(self, rank: int) -> List[Sink]:
         cfg = self.config
         rdir = self._rank_dir(rank)
         if cfg.hook_name == "overflow_check":
@@ -177,16 +182,17 @@ class PrecisionDebugger:
                 self._release_lock()
                 raise
             self._sink_step = self.current_step
-        if self._engine is None:
-            self._engine = CaptureEngine()
-        self._engine.sinks = self._sinks
-        self._engine.start()
+        engine = self._engine
+        if engine is None:
+            engine = self._engine = CaptureEngine()
+        engine.sinks = self._sinks
+        engine.start()
         self._started = True
 
     @_hybrid
     def stop(self) -> None:
         """Stop recording; what was recorded is on disk."""
-        if not self._started:
+        if not self._started or self._engine is None:  # started implies an engine
             return
         self._engine.stop()
         self._started = False
@@ -243,7 +249,7 @@ class PrecisionDebugger:
         self._close_sinks()
 
     @property
-    def sinks(self) -> List[Any]:
+    def sinks(self) -> List[Sink]:
         """The sinks of the current step (empty before the first ``start()``)."""
         return list(self._sinks)
 

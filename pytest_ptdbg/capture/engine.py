@@ -174,8 +174,10 @@ class CaptureEngine:
     def stop(self) -> None:
         if not self.started:
             return
+        mode = self._mode
         try:
-            self._mode.__exit__(None, None, None)
+            if mode is not None:  # set whenever started
+                mode.__exit__(None, None, None)
         finally:
             self.started = False
             self._mode = None
@@ -217,6 +219,7 @@ class CaptureEngine:
         wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
         wrapper.__name__ = getattr(orig, "__name__", attr)
         wrapper.__doc__ = getattr(orig, "__doc__", None)
+        assert self._wrappers is not None  # start() makes the list before it patches
         self._wrappers.append((owner, attr, orig, wrapper))
 
     def _patch_distributed(self) -> None:
@@ -419,7 +422,7 @@ class CaptureEngine:
                 args, kwargs, aliases = _alias_inputs(args, kwargs, skip_first=inplace)
                 self.busy = True
                 try:
-                    for idx, alias, orig in aliases:
+                    for idx, alias, _orig in aliases:
                         _register_hook(alias, self._make_hook(call, bw, "output", idx))
                 finally:
                     self.busy = False
@@ -440,7 +443,7 @@ class CaptureEngine:
             ok = False
             if gf is not None and aliases and len(aliases) == len(inputs) and not same:
                 targets = {}
-                for idx, a, o in aliases:
+                for idx, a, _o in aliases:
                     agf = a.grad_fn
                     if agf is None:
                         break
@@ -728,7 +731,9 @@ def _walk(root: Any, nonleaf: dict, leaves: dict, want: int) -> Optional[dict]:
 
 def _acc_type() -> Any:
     x = torch.zeros(1, requires_grad=True)
-    return type((x * 1).grad_fn.next_functions[0][0])
+    gf = (x * 1).grad_fn
+    assert gf is not None  # x requires grad
+    return type(gf.next_functions[0][0])
 
 
 _ACC = _acc_type()

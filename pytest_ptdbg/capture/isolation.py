@@ -16,11 +16,14 @@ user's wrapped tensors are never touched.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 
-__all__ = ["NOOP", "isolated", "outside_modes", "modes_off", "modes_on", "user_modes_active", "functorch_active", "unwrap", "unwrap_tree"]
+__all__ = [
+    "NOOP", "isolated", "outside_modes", "modes_off", "modes_on", "functorch_active",
+    "unwrap", "unwrap_tree",
+]
 
 _any_autocast = torch._C._is_any_autocast_enabled
 _tf_len = torch._C._len_torch_function_stack
@@ -28,15 +31,23 @@ _td_len = torch._C._len_torch_dispatch_stack
 _DisableAutocast = torch._C._DisableAutocast
 _DisableTorchFunction = torch._C.DisableTorchFunction
 
+_ft_level: Callable[[], Optional[int]]
+_is_wrapped: Callable[[torch.Tensor], bool]
+_get_unwrapped: Callable[[torch.Tensor], torch.Tensor]
 try:
     _ft = torch._C._functorch
     _ft_level = _ft.maybe_current_level
     _is_wrapped = _ft.is_functorch_wrapped_tensor
     _get_unwrapped = _ft.get_unwrapped
 except AttributeError:  # pragma: no cover - torch without functorch
-    _ft_level = lambda: None  # noqa: E731
-    _is_wrapped = lambda t: False  # noqa: E731
-    _get_unwrapped = None
+    def _ft_level() -> Optional[int]:
+        return None
+
+    def _is_wrapped(tensor: torch.Tensor) -> bool:
+        return False
+
+    def _get_unwrapped(tensor: torch.Tensor) -> torch.Tensor:  # never reached: nothing is wrapped
+        return tensor
 
 _Tensor = torch.Tensor
 #: what :func:`isolated` gives when nothing is to be left
@@ -48,12 +59,7 @@ def functorch_active() -> bool:
     return _ft_level() is not None
 
 
-def user_modes_active() -> bool:
-    """Whether autocast, a torch function or dispatch mode, or a functorch transform is active."""
-    return bool(_ft_level() is not None or _td_len() or _tf_len() or _any_autocast())
-
-
-def isolated() -> Any:
+def isolated() -> ContextManager[object]:
     """A context outside the user's autocast, modes and functorch transforms (see the module
     docstring); the shared no-op context :data:`NOOP` when none is active."""
     if not (_ft_level() is not None or _td_len() or _tf_len() or _any_autocast()):
@@ -61,7 +67,7 @@ def isolated() -> Any:
     return _Isolated()
 
 
-def outside_modes() -> Any:
+def outside_modes() -> ContextManager[object]:
     """:func:`isolated` for capture's per-call path: the same context, but autocast alone (whose
     check costs as much as the other three) does not make it: autocast changes no op the sinks run
     per call (clone, detach, conversions), and the statistics leave it themselves

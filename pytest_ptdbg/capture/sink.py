@@ -2,9 +2,9 @@
 
 Capture (``capture/engine.py``) decides *what* was called; a sink decides *what to do* with it.
 The dump writer (``dump/writer.py``: ``DumpSink``) is one sink; the overflow checker
-(``replay/overflow.py``: ``OverflowSink``) and the acl packager (``replay/acl.py``: ``AclSink``)
+(``sinks/overflow.py``: ``OverflowSink``) and the acl packager (``sinks/acl.py``: ``AclSink``)
 are others. ``PrecisionDebugger`` builds its sinks with ``Cls(config=<DebugConfig>, rank_dir=<str>)``
-(``config.py``: fields ``dump_path, hook_name, step, rank, mode, scope, api_list, filter_switch,
+(``runtime/config.py``: fields ``dump_path, hook_name, step, rank, mode, scope, api_list, filter_switch,
 input_output_mode, summary_only, acl_config, backward_input, overflow_nums``) and attaches them to
 the engine. A sink's callbacks run with capture paused (their torch calls are not recorded); an
 exception raised in one never reaches the user's code: capture catches it, warns once per kind of
@@ -78,10 +78,11 @@ their index); a list/tuple argument adds a level (``input.2.0``). A single tenso
 
 No alias (hence no ``backward_output``) for: the first argument of in-place ops, calls with
 ``out=``, calls under no_grad, ``Distributed`` calls, sparse and nested inputs, and embedding APIs
-called with a True flag (``sparse=True`` gives a sparse gradient, which a view cannot pass on). The same tensor passed twice to one API
-gets one alias; its gradient (the sum over both uses) is reported at its first index. An output
-that is one of the inputs given back unchanged (``x.to(x.dtype)``, ``x.contiguous()``) is the
-caller's own tensor again and gets no ``backward_input`` tap.
+called with a True flag (``sparse=True`` gives a sparse gradient, which a view cannot pass on).
+The same tensor passed twice to one API gets one alias; its gradient (the sum over both uses) is
+reported at its first index. An output that is one of the inputs given back unchanged
+(``x.to(x.dtype)``, ``x.contiguous()``) is the caller's own tensor again and gets no
+``backward_input`` tap.
 """
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ import linecache
 import os
 import warnings
 import weakref
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from types import CodeType, FrameType
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from pytest_ptdbg.format import records
 from pytest_ptdbg.errors import SinkStop, SinkUsageError  # noqa: F401  (re-exported)
@@ -118,7 +120,7 @@ class ApiCall:
         ctx: str = "",
         inplace: bool = False,
         seq: int = 0,
-        frame: Any = None,
+        frame: Optional[FrameType] = None,
     ) -> None:
         self.api_type = api_type
         self.api_name = api_name
@@ -257,14 +259,16 @@ def _tensor_type() -> Any:
 
 
 _TENSOR: Any = None
-_FRAME_CACHE: dict = {}
+#: (code object, line) -> (file, line, function, source) or () for a frame of this package
+_FRAME_CACHE: Dict[Tuple[CodeType, int], Tuple[Any, ...]] = {}
 _SKIP_FILES = (os.path.join("torch", "overrides.py"),)
 
 
-_CHAINS: dict = {}
+#: chain key (code ids and instruction offsets) -> the encoded stack
+_CHAINS: Dict[Tuple[int, ...], List[list]] = {}
 
 
-def extract_stack(frame: Any, limit: int = 30) -> List[list]:
+def extract_stack(frame: Optional[FrameType], limit: int = 30) -> List[list]:
     """Frames from ``frame`` outwards (innermost first), skipping this package's own frames.
 
     The same chain of frames gives the same (shared, not to be modified) list object, so sinks can
@@ -272,7 +276,7 @@ def extract_stack(frame: Any, limit: int = 30) -> List[list]:
     (``f_lasti``: cheap to read, unlike ``f_lineno``, which decodes the line table); line numbers
     are computed only for a chain not seen before.
     """
-    ids = []  # ints hash fast; the code objects stay alive as keys of _FRAME_CACHE
+    ids: List[int] = []  # ints hash fast; the code objects stay alive as keys of _FRAME_CACHE
     append = ids.append
     f = frame
     n = 0
@@ -285,7 +289,7 @@ def extract_stack(frame: Any, limit: int = 30) -> List[list]:
     hit = _CHAINS.get(key)
     if hit is not None:
         return hit
-    chain = []
+    chain: List[Tuple[CodeType, int]] = []
     f = frame
     while f is not None and len(chain) < limit:
         chain.append((f.f_code, f.f_lineno))
@@ -316,7 +320,8 @@ _WARNED: set = set()
 LOST_RECORD = "the dump misses this record"
 
 
-def report_internal_error(where: str, error: BaseException, sink: Any = None, effect: str = LOST_RECORD) -> None:
+def report_internal_error(where: str, error: BaseException, sink: Optional[Sink] = None,
+                          effect: str = LOST_RECORD) -> None:
     """An internal error of the debugger inside the user's step: never raised, warned once per
     ``(where, exception type)``, and recorded as ``sink.degraded`` (the first reason is kept).
     ``effect`` says, truly, what it cost (default: a record is missing)."""

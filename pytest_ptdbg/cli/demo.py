@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 from pytest_ptdbg.format import records
 
@@ -69,8 +69,8 @@ def summarize_dump(rank_dir: str, mode: str = "api_stack") -> DumpSummary:
     if not os.path.isfile(pkl):
         raise FileNotFoundError(f"no {records.pkl_name(mode)} in {rank_dir}")
     s = DumpSummary(rank_dir=rank_dir, pkl_path=pkl)
-    seen = {"forward": set(), "backward": set()}
-    optimizer = set()
+    seen: Dict[str, Set[str]] = {d: set() for d in records.DIRECTIONS}
+    optimizer: Set[str] = set()
     with open(pkl, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():

@@ -16,6 +16,8 @@ import torch.nn.functional as F
 class Attention(nn.Module):
     """Multi-head causal self-attention."""
 
+    mask: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, d_model: int, n_heads: int, block_size: int) -> None:
         super().__init__()
         self.n_heads = n_heads

@@ -38,7 +38,10 @@ import json
 import math
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from pytest_ptdbg.dump.reader import ApiRec, TensorRec
 
 from pytest_ptdbg.runtime.dtypes import FLOATS, STEP_FLOATS
 
@@ -278,7 +281,7 @@ class _Missing:
 MISSING = _Missing()
 
 
-def call_spec(api: Any) -> Optional[dict]:
+def call_spec(api: ApiRec) -> Optional[dict]:
     """The call spec of an API record (``extra["call"]`` of one of its tensor records), or None."""
     for t in api.tensors:
         c = t.extra.get("call") if isinstance(t.extra, dict) else None
@@ -287,7 +290,7 @@ def call_spec(api: Any) -> Optional[dict]:
     return None
 
 
-def is_scalar_record(t: Any) -> bool:
+def is_scalar_record(t: TensorRec) -> bool:
     """A record of a Python number argument (dtype ``int``/``float``/``<class 'int'>``, shape [])."""
     return not t.shape and not str(t.dtype).startswith("torch.")
 
@@ -300,7 +303,7 @@ class _Param:
     given: bool          # passed explicitly (not filled from the signature)
 
 
-def _params(api: Any, spec: dict, kw_named: bool) -> Dict[str, _Param]:
+def _params(api: ApiRec, spec: dict, kw_named: bool) -> Dict[str, _Param]:
     """Parameter name -> value of one side, defaults filled, dims normalised."""
     args = [_value(a) for a in spec.get("args", [])]
     kwargs = {str(k): _value(v) for k, v in spec.get("kwargs", {}).items()}
@@ -326,9 +329,9 @@ def _params(api: Any, spec: dict, kw_named: bool) -> Dict[str, _Param]:
     else:
         for j, a in enumerate(args):
             out[f"arg{j}" if j else "input"] = _Param(f"arg{j}" if j else "input", a, f"input.{j}", True)
-    n = len(args)
+    n_args = len(args)
     for j, (k, v) in enumerate(kwargs.items()):
-        out[k] = _Param(k, v, f"input.{k}" if kw_named else f"input.{n + j}", True)
+        out[k] = _Param(k, v, f"input.{k}" if kw_named else f"input.{n_args + j}", True)
     if sig is not None:
         for name, default in sig:
             if name.startswith("*") or name in out:
@@ -353,7 +356,7 @@ def _norm_dim(v: Any, rank: int) -> Any:
     return v
 
 
-def _input_rank(api: Any) -> Optional[int]:
+def _input_rank(api: ApiRec) -> Optional[int]:
     nested = None
     for t in api.tensors:
         if t.slot == "input.0" and not is_scalar_record(t):
@@ -428,7 +431,7 @@ def _slot(base: str, path: Tuple[int, ...]) -> str:
     return base + "".join(f".{i}" for i in path)
 
 
-def compare_arguments(npu_api: Any, bench_api: Any, npu_kw_named: bool = False,
+def compare_arguments(npu_api: ApiRec, bench_api: ApiRec, npu_kw_named: bool = False,
                       bench_kw_named: bool = False) -> Optional[List[ArgLeaf]]:
     """The non-tensor arguments of two paired calls, leaf by leaf; None when a side has no call spec.
 
@@ -464,7 +467,7 @@ _MEMO: Dict[tuple, List["ArgLeaf"]] = {}
 _MEMO_MAX = 100_000
 
 
-def _compare(npu_api: Any, bench_api: Any, sn: dict, sb: dict, npu_kw_named: bool,
+def _compare(npu_api: ApiRec, bench_api: ApiRec, sn: dict, sb: dict, npu_kw_named: bool,
              bench_kw_named: bool) -> List["ArgLeaf"]:
     pn = _params(npu_api, sn, npu_kw_named)
     pb = _params(bench_api, sb, bench_kw_named)

@@ -19,11 +19,14 @@ the gradient it produced against the gradient it received (backward).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Optional, Sequence, Set, Tuple
 
 from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison.arguments import is_scalar_record
 from pytest_ptdbg.runtime.dtypes import FLOATS, STEP_FLOATS, short_name
+
+if TYPE_CHECKING:
+    from pytest_ptdbg.dump.reader import ApiRec, TensorRec
 
 __all__ = ["BOOKKEEPING", "VALUE_CHANGING", "REORDERING", "classify", "stats_relation",
            "new_half_precision", "output_dtypes"]
@@ -46,7 +49,7 @@ def _bits(dtype: str) -> int:
     return _WIDTH.get((dtype or "").replace("torch.", ""), 0)
 
 
-def _numel(shape) -> int:
+def _numel(shape: Sequence[int]) -> int:
     n = 1
     for s in shape:
         n *= int(s)
@@ -58,13 +61,13 @@ def _rounding_eps(dtype: str) -> float:
     return M.dtype_eps(dtype)
 
 
-def stats_relation(a, b, eps: float) -> str:
+def stats_relation(a: Optional[Sequence[Any]], b: Optional[Sequence[Any]], eps: float) -> str:
     """``"equal"`` when statistics ``a`` and ``b`` (max, min, mean, l2norm) are the same,
     ``"rounding"`` when each differs by at most ``eps`` relative, else ``"different"``;
     ``""`` when either has no statistics."""
-    va = [M.stat_at(a, i) for i in range(4)]
-    vb = [M.stat_at(b, i) for i in range(4)]
-    if any(v is None for v in va + vb):
+    va = [v for v in (M.stat_at(a, i) for i in range(4)) if v is not None]
+    vb = [v for v in (M.stat_at(b, i) for i in range(4)) if v is not None]
+    if len(va) < 4 or len(vb) < 4:  # a statistic is missing
         return ""
     equal = True
     # a rounding moves each element by at most eps relative: max, min and the norm move by eps of
@@ -86,7 +89,7 @@ _SUBNORMAL_HALF_STEP = {d: FLOATS[short_name(d)].subnormal_spacing / 2
                         for d in ("float16", "half", "bfloat16", "float32", "float")}
 
 
-def _data_relation(src, out, eps: float, load: Callable[[Any], Any]) -> str:
+def _data_relation(src: TensorRec, out: TensorRec, eps: float, load: Callable[[TensorRec], Any]) -> str:
     import numpy as np
 
     a = np.asarray(load(src), dtype=np.float64).reshape(-1)
@@ -103,8 +106,8 @@ def _data_relation(src, out, eps: float, load: Callable[[Any], Any]) -> str:
     return "rounding" if bool(within.all()) else "different"
 
 
-def classify(api: Any, summary: bool, forward_kind: str = "",
-             load: Optional[Callable[[Any], Any]] = None) -> Tuple[str, str]:
+def classify(api: ApiRec, summary: bool, forward_kind: str = "",
+             load: Optional[Callable[[TensorRec], Any]] = None) -> Tuple[str, str]:
     """``(kind, message)`` of a call recorded on one side only (see the module docstring).
 
     ``forward_kind``: the classification of the same call's forward (for a backward call).
@@ -157,12 +160,12 @@ def classify(api: Any, summary: bool, forward_kind: str = "",
 _HALF = frozenset(n for d in STEP_FLOATS if FLOATS[d].bits == 16 for n in (f"torch.{d}", d))
 
 
-def output_dtypes(api: Any) -> set:
+def output_dtypes(api: ApiRec) -> Set[str]:
     """The floating dtypes of a call's output tensors."""
     return {str(t.dtype) for t in api.tensors if t.io == "output" and _bits(str(t.dtype))}
 
 
-def new_half_precision(api: Any, earlier: set) -> str:
+def new_half_precision(api: ApiRec, earlier: AbstractSet[str]) -> str:
     """The 16-bit float dtype a forward call's output introduces (``""`` if none): a dtype of
     :data:`_HALF` that is not among ``earlier``, the output dtypes of that side's earlier calls.
     A lossless ``.to(torch.float16)`` on one side only is such a call: its values survive, but what

@@ -1,8 +1,9 @@
 """Pair the APIs of two dumps in execution order by a sequence alignment. No torch.
 
 Two APIs can pair when they have the same family (``{Type}_{api}``) and direction and compatible
-tensor structure (tensors only: non-tensor arguments never unpair a call): every tensor slot (``input.0``, ``output.1.0`` ...) present on both sides has the
-same shape and the same dtype class (fp16/bf16/fp32/fp64 are one class, ints another, bool another).
+tensor structure (tensors only: non-tensor arguments never unpair a call): every tensor slot
+(``input.0``, ``output.1.0`` ...) present on both sides has the same shape and the same dtype
+class (fp16/bf16/fp32/fp64 are one class, ints another, bool another).
 
 The alignment maximises a score over order-preserving pairings (a weighted LCS), so an extra or
 missing call on one side (a device-specific API, an extra cast) leaves its neighbours' pairing
@@ -25,9 +26,12 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pytest_ptdbg.dump.reader import ApiRec
 
 #: cells above which a gap is matched greedily instead of by dynamic programming
 DP_LIMIT = 4_000_000
@@ -78,7 +82,7 @@ class ApiSig:
     structure: Tuple[Tuple[str, str, Tuple[int, ...]], ...]  # sorted (slot, dtype class, shape)
 
 
-def signature(api) -> ApiSig:
+def signature(api: ApiRec) -> ApiSig:
     """:class:`ApiSig` of a :class:`~pytest_ptdbg.dump.reader.ApiRec`.
 
     Records of Python number arguments (``int``/``float`` dtype, shape []) are not part of the
@@ -96,12 +100,8 @@ def compatible(a: ApiSig, b: ApiSig) -> bool:
     return _struct_compatible(a.structure, b.structure)
 
 
-def weakly_compatible(a: ApiSig, b: ApiSig) -> bool:
-    """Same family and direction, and the common slots agree in dtype class (shapes may differ)."""
-    return a.family == b.family and a.direction == b.direction and _struct_weak(a.structure, b.structure)
-
-
 def _struct_weak(a: tuple, b: tuple) -> bool:
+    """The slots present on both sides agree in dtype class (shapes may differ)."""
     da = {s: c for s, c, _ in a}
     db = {s: c for s, c, _ in b}
     common = da.keys() & db.keys()
@@ -301,7 +301,8 @@ def align(npu: Sequence[ApiSig], bench: Sequence[ApiSig], fuzzy: bool = False
     return steps
 
 
-def pair_apis(npu_apis: Sequence, bench_apis: Sequence, fuzzy: bool = False) -> List[Tuple[Optional[object], Optional[object]]]:
+def pair_apis(npu_apis: Sequence[ApiRec], bench_apis: Sequence[ApiRec],
+              fuzzy: bool = False) -> List[Tuple[Optional[ApiRec], Optional[ApiRec]]]:
     """Align two lists of :class:`ApiRec`; returns ``(npu_api | None, bench_api | None)`` in order."""
     steps = align([signature(a) for a in npu_apis], [signature(b) for b in bench_apis], fuzzy)
     return [(npu_apis[i] if i is not None else None, bench_apis[j] if j is not None else None)

@@ -20,10 +20,15 @@ changed argument is no matter of tolerance) and one-sided calls' classifications
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from pytest_ptdbg.comparison.rule import Rule
 from pytest_ptdbg.comparison.schema import is_summary
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from pytest_ptdbg.comparison.verdict import Thresholds
 
 __all__ = ["rejudge_table"]
 
@@ -46,7 +51,7 @@ def _shape(value: Any) -> Tuple[int, ...]:
         return ()
 
 
-def _stats(row: Any, side: str) -> List[Optional[float]]:
+def _stats(row: pd.Series, side: str) -> List[Optional[float]]:
     out: List[Optional[float]] = []
     for k in _STATS:
         v = _f(row.get(f"{side} {k}"))
@@ -54,7 +59,7 @@ def _stats(row: Any, side: str) -> List[Optional[float]]:
     return out
 
 
-def _summary(row: Any, rule: Rule, th: Any) -> str:
+def _summary(row: pd.Series, rule: Rule, th: Thresholds) -> str:
     from pytest_ptdbg.comparison import verdict as V
 
     verdict, _ = V.summary_verdict(_stats(row, "NPU"), _stats(row, "Bench"), 0, 0,
@@ -64,7 +69,7 @@ def _summary(row: Any, rule: Rule, th: Any) -> str:
     return verdict
 
 
-def _full_ptdbg(row: Any, th: Any) -> str:
+def _full_ptdbg(row: pd.Series, th: Thresholds) -> str:
     from pytest_ptdbg.comparison import verdict as V
     from pytest_ptdbg.comparison.metrics import PairMetrics
 
@@ -75,7 +80,7 @@ def _full_ptdbg(row: Any, th: Any) -> str:
     return V.full_verdict(m, rule=Rule.PTDBG, th=th)
 
 
-def _full_dtype(row: Any, th: Any) -> Optional[str]:
+def _full_dtype(row: pd.Series, th: Thresholds) -> Optional[str]:
     """``Yes``/``No`` when the table's bounds decide the dtype rule, else None."""
     from pytest_ptdbg.comparison import verdict as V
     from pytest_ptdbg.comparison.metrics import zero_eps
@@ -101,7 +106,7 @@ def _full_dtype(row: Any, th: Any) -> Optional[str]:
     return None
 
 
-def _is_argument_or_code_path(row: Any) -> bool:
+def _is_argument_or_code_path(row: pd.Series) -> bool:
     """Rows no threshold changes: a non-tensor argument (same or changed) and a one-sided call's
     classification (``_arg``, ``_arg_changed``, ``_code_path``)."""
     arg = row.get("_arg", "")
@@ -110,7 +115,7 @@ def _is_argument_or_code_path(row: Any) -> bool:
         (isinstance(cp, str) and cp != "")
 
 
-def rejudge_table(table: Any, rule: Rule, th: Any) -> Tuple[Any, List[str]]:
+def rejudge_table(table: pd.DataFrame, rule: Rule, th: Thresholds) -> Tuple[pd.DataFrame, List[str]]:
     """A copy of ``table`` with ``Accuracy Reached or Not`` and ``_passed`` judged again under
     ``rule`` and ``th`` (``comparison.verdict.Thresholds``), and the names of the rows the table
     cannot decide (their verdict is left as it was)."""

@@ -24,7 +24,8 @@ _KINDS = {"f": "fc", "c": "c", "i": "iu", "u": "iu", "b": "b"}
 
 
 def record_dtype_kind(dtype: str) -> str:
-    """numpy kind letter for a record dtype such as ``"torch.bfloat16"`` (``"f"``, ``"i"``, ``"u"``, ``"b"``, ``"c"``)."""
+    """numpy kind letter (``"f"``, ``"i"``, ``"u"``, ``"b"``, ``"c"``) for a record dtype such as
+    ``"torch.bfloat16"``."""
     d = (dtype or "").replace("torch.", "")
     if d.startswith("<class '") and d.endswith("'>"):   # ptdbg v4's Python scalars: "<class 'int'>"
         d = d[len("<class '"):-2]
@@ -165,7 +166,7 @@ class NpyStream:
         if self._arr is not None:
             buf[:k] = self._arr[self._pos:self._pos + k]
         else:
-            mv = memoryview(buf[:k]).cast("B")
+            mv = buf[:k].data.cast("B")
             got = self._f.readinto(mv)
             if got != k * self.dtype.itemsize:
                 raise ValueError(f"{self.path}: truncated .npy data")

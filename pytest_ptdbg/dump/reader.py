@@ -7,7 +7,7 @@
 
 Every entry of ``Dump.problems`` means some of the dump could not be used: compare counts each
 against its verdict. ``Dump.notes`` holds what is worth saying but fails nothing (a ptdbg/msprobe
-dump's completeness is unknown). Completeness follows ``dump/manifest.py``'s rule
+dump's completeness is unknown). Completeness follows ``format/manifest.py``'s rule
 (``Dump.completeness``). Only regular files are read (a FIFO or device in place of a file is
 refused by ``fstat`` before any read), lines are bounded in length and JSON nesting depth.
 """
@@ -222,7 +222,8 @@ class _Builder:
         self.apis: Dict[str, ApiRec] = {}
         self.problems = problems
         self.data_dir = data_dir
-        self.files = None
+        #: the data directory's listing: name -> (inode, is a symbolic link, is a regular file)
+        self.files: Optional[Dict[str, Tuple[int, bool, bool]]] = None
         #: records naming a data file (``extra["npy"]``), and the paths of those whose file is absent
         self.named = 0
         self.absent: List[str] = []
@@ -263,30 +264,32 @@ class _Builder:
         ``expected=False``: no file is expected (a Python scalar of a dump without ``extra``):
         a missing one is no problem.
         """
-        if self.files is None:
+        files, data_dir = self.files, self.data_dir
+        if files is None or data_dir is None:  # a listing exists only for a data directory
             return
         fname = file_name if file_name is not None else records.data_file_name(t.name)
         if (not fname or fname in (".", "..") or "/" in fname or "\\" in fname or "\x00" in fname
                 or os.sep in fname):
             raise ValueError(f"data file name {fname!r} of record {t.name!r} points outside the data directory")
-        entry = self.files.get(fname)
+        entry = files.get(fname)
         if entry is None:
             if expected:
-                t.data_problem = f"{os.path.join(self.data_dir, fname)}: data file of {t.name!r} not found"
+                t.data_problem = f"{os.path.join(data_dir, fname)}: data file of {t.name!r} not found"
             return
         t.data_inode = entry[0]
-        path = os.path.join(self.data_dir, fname)
+        path = os.path.join(data_dir, fname)
         if not entry[2]:
             t.data_problem = f"{path}: data file of {t.name!r} is not a regular file (a FIFO, device or " \
                              "broken link): not read"
             return
         if entry[1]:  # a symbolic link: only when it stays inside the data directory
-            if self._root is None:
-                self._root = os.path.realpath(self.data_dir)
+            root = self._root
+            if root is None:
+                root = self._root = os.path.realpath(data_dir)
             target = os.path.realpath(path)
-            if os.path.commonpath([self._root, target]) != self._root:
+            if os.path.commonpath([root, target]) != root:
                 raise ValueError(f"data file {fname!r} of record {t.name!r} is a symbolic link to "
-                                 f"{target!r}, outside the data directory {self.data_dir!r}: not read")
+                                 f"{target!r}, outside the data directory {data_dir!r}: not read")
         t.data_file = path
 
     def done(self, layout: str, mode: str) -> Dump:
@@ -396,8 +399,9 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str], check_files: bool = False,
     # stack records repeat (every layer's calls come from the same lines of code): one parse per
     # distinct text, and the APIs share one frames list
     stack_cache: Dict[bytes, list] = {}
-    names: Dict[str, tuple] = {}
+    names: Dict[str, Tuple[records.ParsedName, str]] = {}
     fast = _FastLines()
+    rec: Any  # one parsed JSON line
     with f:
         for lineno, raw, whole in _lines(f, pkl, problems):
             if not raw.strip():
@@ -425,8 +429,10 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str], check_files: bool = False,
                     if rec is None:
                         rec = json.loads(line)
                     why = ""
-                except ValueError as e:
+                except json.JSONDecodeError as e:
                     rec, why = None, e.msg
+                except ValueError as e:   # not a syntax error: an integer past Python's digit limit
+                    rec, why = None, str(e)
                 except RecursionError:
                     rec, why = None, f"JSON nested deeper than {MAX_DEPTH} levels"
                 if not why and not fast.hit and not nesting_ok(rec, MAX_DEPTH, line.count("[") + line.count("{")):
@@ -530,7 +536,10 @@ class _FastLines:
         return [name, int(flag), [], dtype, shape, stats, extra]
 
 
-def _split_name(name: str, names: Dict[str, tuple]):
+_Split = Tuple[str, records.ParsedName, str, Tuple[int, ...], str]
+
+
+def _split_name(name: str, names: Dict[str, Tuple[records.ParsedName, str]]) -> Optional[_Split]:
     """``(api key, parsed API key, io, index, slot)`` of a tensor name, the API key parsed once
     (cached in ``names``); None where the quick split does not apply (then ``parse_name`` decides)."""
     i = name.rfind("put.")
@@ -566,7 +575,7 @@ def _split_name(name: str, names: Dict[str, tuple]):
 
 
 def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list],
-                      names: Optional[Dict[str, tuple]] = None) -> None:
+                      names: Optional[Dict[str, Tuple[records.ParsedName, str]]] = None) -> None:
     if not isinstance(rec, list) or not rec or not isinstance(rec[0], str):
         raise ValueError("not a ptdbg record (expected a JSON array starting with a name)")
     if records.is_stack_record(rec):
@@ -579,10 +588,12 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
     if len(rec) < 6:
         raise ValueError(f"record {name!r}: {len(rec)} fields, at least 6 expected")
     quick = _split_name(name, names) if names is not None else None
+    io = ""
     if quick is None:
         p = records.parse_name(name)
         if p.io is None:
             raise ValueError(f"record {name!r}: a tensor name needs _input.N or _output.N")
+        io = p.io
     # rec[1] (0, or 1 in some ptdbg v4 dumps) and rec[2] are not used
     dtype = rec[3]
     if not isinstance(dtype, str):
@@ -603,11 +614,13 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         shape = pool.setdefault(shape, shape)
         if "call" not in extra and len(extra) <= 8:
             try:
-                items = ("extra",) + (tuple(extra.items()) if "npy" not in extra else
-                                      tuple((k, v) for k, v in extra.items() if k != "npy"))
-                kept = pool.get(items)
-                if kept is None:
-                    kept = pool[items] = dict(items[1:])
+                pairs = (tuple(extra.items()) if "npy" not in extra else
+                         tuple((k, v) for k, v in extra.items() if k != "npy"))
+                items = ("extra",) + pairs
+                shared = pool.get(items)
+                if shared is None:
+                    shared = pool[items] = dict(pairs)
+                kept = shared
             except TypeError:   # an unhashable value: kept as it is
                 kept = extra
     if quick is not None:
@@ -617,12 +630,12 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
             index = pool.setdefault(index, index)
         t = TensorRec(name, api_key, io, index, p.direction, dtype, shape, stats, kept, lineno, slot=slot)
     else:
-        if name.endswith(("_" + p.io, "." + p.io)):   # ptdbg's single output without an index
-            cut = len(name) - len(p.io) - 1
+        if name.endswith(("_" + io, "." + io)):   # ptdbg's single output without an index
+            cut = len(name) - len(io) - 1
         else:
-            cut = max(name.rfind("_" + p.io + "."), name.rfind("." + p.io + "."))
+            cut = max(name.rfind("_" + io + "."), name.rfind("." + io + "."))
         api_key = name[:cut]
-        t = TensorRec(name, api_key, p.io, p.index or (), p.direction, dtype, shape, stats, extra, lineno)
+        t = TensorRec(name, api_key, io, p.index or (), p.direction, dtype, shape, stats, extra, lineno)
     a = b.apis.get(api_key) or b.api(api_key, p)
     _check_record(b, t, lineno)
     if extra.get("ctx"):
@@ -660,7 +673,8 @@ def _check_record(b: "_Builder", t: TensorRec, lineno: int) -> None:
 
 # ---------------------------------------------------------------------------------------- msprobe
 
-_STACK_LINE = re.compile(r"^\s*File\s+(?P<file>.*?),\s+line\s+(?P<line>\d+),\s+in\s+(?P<func>[^,\n]*),?\s*\n?\s*(?P<code>.*)$", re.S)
+_STACK_LINE = re.compile(r"^\s*File\s+(?P<file>.*?),\s+line\s+(?P<line>\d+),\s+in\s+(?P<func>[^,\n]*),?"
+                         r"\s*\n?\s*(?P<code>.*)$", re.S)
 
 
 def _frame(s: Any) -> list:
@@ -806,7 +820,7 @@ def _read_msprobe(path: str, data_dir: Optional[str]) -> Dump:
                         problems.append(f"{path}: record {name!r}: {e}")
                         continue
                     stats = [tdict.get("Max"), tdict.get("Min"), tdict.get("Mean"), tdict.get("Norm")]
-                    extra = {}
+                    extra: Dict[str, Any] = {}
                     if "requires_grad" in tdict:
                         extra["rg"] = bool(tdict["requires_grad"])
                     if first and call is not None:

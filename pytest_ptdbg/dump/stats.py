@@ -23,8 +23,8 @@ from typing import Any, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
-__all__ = ["TensorStats", "tensor_stats", "special_stats", "scalar_stats", "batch_stats", "batch_stat_columns", "BATCH_DTYPES",
-           "StatsCache", "SHARED_CACHE"]
+__all__ = ["TensorStats", "tensor_stats", "special_stats", "scalar_stats", "batch_stats", "batch_stat_columns",
+           "BATCH_DTYPES", "StatsCache", "SHARED_CACHE"]
 
 _WIDE = (torch.float32, torch.float64)
 _DTYPE_NAMES: dict = {}
@@ -158,8 +158,8 @@ def _dense_stats(t: torch.Tensor) -> TensorStats:
         x = x.to(torch.int64)
     # integers: exact max/min/sum; norm in float64
     mn, mx = torch.aminmax(x)
-    s = x.sum(dtype=torch.int64)
-    mx_v, mn_v, s_v = torch.stack((mx.to(torch.int64), mn.to(torch.int64), s)).tolist()
+    total = x.sum(dtype=torch.int64)
+    mx_v, mn_v, s_v = torch.stack((mx.to(torch.int64), mn.to(torch.int64), total)).tolist()
     l2 = float(torch.linalg.vector_norm(x.to(torch.float64)))
     if dtype == torch.bool:
         return TensorStats(dname, shape, [bool(mx_v), bool(mn_v), s_v / n, l2], 0, 0)
@@ -385,7 +385,8 @@ def special_stats(t: torch.Tensor, error: Optional[BaseException] = None) -> Ten
             return _sparse_stats(x, dname, shape)
         if x.is_quantized:
             st = _dense_stats(x.dequantize())
-            return TensorStats(dname, shape, st.stats, st.nan, st.inf, "quantized: statistics of the dequantized values")
+            return TensorStats(dname, shape, st.stats, st.nan, st.inf,
+                               "quantized: statistics of the dequantized values")
         if x.device.type != "cpu":
             st = _dense_stats(x.cpu())
             return TensorStats(dname, shape, st.stats, st.nan, st.inf, st.note)

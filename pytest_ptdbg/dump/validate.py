@@ -62,7 +62,8 @@ def stats_problem(stats: Any, extra: Any = None, shape: Sequence[int] = (1,)) ->
         known = [v for v in vals if v is not None]
         finite = all(-_INF < v < _INF for v in known)
         if not finite and nan == 0 and inf == 0:
-            return f"statistics {[stats[i] for i in range(min(4, len(stats)))]} are not finite, but it counts no NaN and no Inf"
+            shown = [stats[i] for i in range(min(4, len(stats)))]
+            return f"statistics {shown} are not finite, but it counts no NaN and no Inf"
     return ""
 
 

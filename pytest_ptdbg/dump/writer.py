@@ -12,7 +12,7 @@ leaves complete lines and loses at most the batch in memory.
 Full-tensor dumps use :class:`AsyncRankWriter`: tensor snapshots and lines are written in order
 by one I/O thread, so every line on disk names ``.npy`` files that exist and are whole.
 At every ``stop()`` and at the end of the step, once all of it is on disk, the writer writes the
-completeness manifest (``dump/manifest.py``). A write error never reaches the user's code: the
+completeness manifest (``format/manifest.py``). A write error never reaches the user's code: the
 dump stops, one warning is issued, and the manifest says ``complete: false`` (see RankWriter).
 
 :class:`DumpSink` is the capture sink (``capture/sink.py``) that turns calls into records.
@@ -30,7 +30,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -52,6 +52,8 @@ _NUMPY_DTYPES = frozenset((
 ))
 _HEADERS: Dict[Tuple[str, Tuple[int, ...], bool], bytes] = {}
 _LOG = logging.getLogger("pytest_ptdbg")
+#: a call spec as a record carries it: its JSON text (``call_spec.encode_call_json``), a dict, or none
+_Spec = Optional[Union[str, Dict[str, Any]]]
 
 
 _BG: Any = None
@@ -161,7 +163,7 @@ def _warn_once(root: str, message: str) -> None:
         _LOG.warning(message)
 
 
-def _write_all(fd: int, data: bytes) -> int:
+def _write_all(fd: int, data: Union[bytes, memoryview]) -> int:
     """Write ``data`` fully; on an error raise it with ``written`` (bytes that did go out) attached."""
     view = memoryview(data)
     done = 0
@@ -181,7 +183,7 @@ class RankWriter:
     replaces an existing rank directory (see :func:`replace_dir`) in a background thread (slow on
     some filesystems; lines wait in memory meanwhile), so a step that records nothing leaves an
     earlier run's files alone. :meth:`flush` (``stop()``) and :meth:`close` (end of the step) write
-    the completeness manifest (``dump/manifest.py``) once every line and file is on disk.
+    the completeness manifest (``format/manifest.py``) once every line and file is on disk.
 
     No method raises: the first write error (full disk, permission, vanished directory, anything
     else) stops this step's dump, removes a stale manifest, truncates a half-written line, warns
@@ -478,7 +480,7 @@ def _write_npy_array(path: str, arr: np.ndarray) -> None:
     try:
         _write_all(fd, _npy_header(arr))
         if arr.size:
-            _write_all(fd, memoryview(arr).cast("B"))
+            _write_all(fd, arr.data.cast("B"))
     except BaseException:
         os.close(fd)
         try:
@@ -508,9 +510,10 @@ class AsyncRankWriter(RankWriter):
 
     ``save`` hands over a copy of the tensor (so later in-place changes cannot leak into the file)
     and returns at once (a tensor of :data:`SYNC_WRITE_BYTES` or more is written at once instead,
-    from its own memory, by the caller's thread: one copy of its bytes instead of two); ``.pkl`` lines are queued behind the ``.npy`` files they name, so what is
-    on disk is always consistent: complete lines, each naming files that exist and are whole. A
-    SIGKILL loses only what was still queued. At most :data:`ASYNC_LIMIT_BYTES` of copies wait;
+    from its own memory, by the caller's thread: one copy of its bytes instead of two); ``.pkl``
+    lines are queued behind the ``.npy`` files they name, so what is on disk is always consistent:
+    complete lines, each naming files that exist and are whole. A SIGKILL loses only what was still
+    queued. At most :data:`ASYNC_LIMIT_BYTES` of copies wait;
     beyond that ``save`` waits for the thread. ``flush``/``close`` wait for everything.
     An error on the thread stops the dump: every later task (the lines naming a file that failed
     among them) is skipped; the caller's thread reports it (see :class:`RankWriter`).
@@ -580,7 +583,9 @@ class AsyncRankWriter(RankWriter):
             self._report()
 
     def _write_task(self, data: bytes) -> None:
-        self._append(self._wfd, data)
+        fd = self._wfd
+        assert fd is not None  # the first task (_make_async) opened it; after its failure no task runs
+        self._append(fd, data)
 
     def write(self, text: str) -> None:
         if self.failure is not None or not text:
@@ -603,6 +608,7 @@ class AsyncRankWriter(RankWriter):
                 self._submit(0, _link_or_copy, path, e[2], path)
                 return name
             arr = tensor_to_numpy(t)
+            queued: Optional[np.ndarray] = arr  # what the I/O thread writes; None: written here
             if arr.nbytes >= SYNC_WRITE_BYTES:
                 # a large tensor is written here and now, straight from its memory: one copy
                 # (into the page cache) instead of a snapshot copy and a write of the copy
@@ -610,18 +616,19 @@ class AsyncRankWriter(RankWriter):
                 if self.failure is not None:
                     return name
                 _write_npy_array(path, arr)
-                arr = None
+                queued = None
+                del arr  # its memory (a converted copy) is not held any longer
             elif t.device.type == "cpu" and arr.size and arr.__array_interface__["data"][0] == t.data_ptr():
-                arr = arr.copy()  # a snapshot: the tensor may change before the thread writes it
+                queued = arr.copy()  # a snapshot: the tensor may change before the thread writes it
         except Exception as exc:  # noqa: BLE001 - never into the user's step
             self._fail(exc, path)
             self._report()
             return name
-        if arr is None:
+        if queued is None:
             self.npy_bytes += t.numel() * (4 if t.dtype == torch.bfloat16 else t.element_size())
         else:
-            self.npy_bytes += arr.nbytes
-            self._submit(arr.nbytes, _write_npy_array, path, path, arr)
+            self.npy_bytes += queued.nbytes
+            self._submit(queued.nbytes, _write_npy_array, path, path, queued)
         if len(self._saved) > 4096:
             self._saved.clear()
         try:
@@ -742,14 +749,14 @@ def _measured_body(dname: str, shape: Tuple[int, ...], mx: float, mn: float, mea
 
 
 def record_line(key: str, st: TensorStats, rg: Optional[bool], ctx: str, npy: Optional[str],
-                spec: Any) -> str:
+                spec: _Spec) -> str:
     """One tensor record line, identical to ``records.encode_line(records.tensor_record(...))``
     (names, dtypes and file names never need JSON escapes; the call spec, a dict or its JSON text
     from ``call_spec.encode_call_json``, goes in as JSON)."""
     return body_line(key, _body(st), rg, ctx, npy, spec)
 
 
-def body_line(key: str, body: str, rg: Optional[bool], ctx: str, npy: Optional[str], spec: Any) -> str:
+def body_line(key: str, body: str, rg: Optional[bool], ctx: str, npy: Optional[str], spec: _Spec) -> str:
     """:func:`record_line` from the record's body text (:func:`_body`)."""
     if rg is not None:
         body += ', "rg": true' if rg else ', "rg": false'
@@ -793,7 +800,6 @@ SNAP_MAX_ELEMS = 1 << 20
 #: at once (their statistics cost passes over the data, not Python overhead)
 SNAP_NUMEL = 8192
 _ref = weakref.ref
-_new_snaps = list  # (snapshot, dtype name, shape, cache key or None, weakref, version, statistics)
 
 
 class DumpSink(Sink):
@@ -848,7 +854,7 @@ class DumpSink(Sink):
         self.writer.prepare()
 
     # -- records ---------------------------------------------------------------------------
-    def _tensor(self, key: str, v: Any, ctx: str, lines: list, spec: Any, fresh: bool,
+    def _tensor(self, key: str, v: Any, ctx: str, lines: list, spec: _Spec, fresh: bool,
                 leaf: Any = None) -> None:
         """Append the record of tensor ``v`` (its statistics now or, for a small tensor, a
         snapshot to be measured with the batch) to ``lines``. ``leaf``: for a gradient, the leaf
@@ -894,8 +900,8 @@ class DumpSink(Sink):
         npy = self._save(key, v, cache.last_hit) if self.save_data else None
         lines.append(record_line(key, st, v.requires_grad, ctx, npy, spec))
 
-    def _records(self, api: str, io: str, items: Any, ctx: str, lines: list, spec: Any,
-                 fresh: bool = False) -> Any:
+    def _records(self, api: str, io: str, items: Any, ctx: str, lines: list, spec: _Spec,
+                 fresh: bool = False) -> _Spec:
         """Append the records of ``items`` (an index-ordered list) to ``lines``; returns the unused spec."""
         filt = self.filter_on
         prefix = f"{api}_{io}."
@@ -929,7 +935,7 @@ class DumpSink(Sink):
             spec = None
         return spec
 
-    def _sequence(self, key: str, v: Any, seq: Any, ctx: str, lines: list, spec: Any) -> bool:
+    def _sequence(self, key: str, v: Any, seq: Any, ctx: str, lines: list, spec: _Spec) -> bool:
         """Record a long list/tuple of numbers as one tensor-like record of its data (float64,
         int64 or bool; saved as ``.npy`` like a tensor input); whether a record was added."""
         n0 = len(lines)
@@ -949,7 +955,7 @@ class DumpSink(Sink):
         return True
 
     def _nested(self, prefix: str, base: Tuple[int, ...], value: Any, ctx: str, lines: list,
-                spec: Any, fresh: bool) -> Any:
+                spec: _Spec, fresh: bool) -> _Spec:
         for idx, v in _leaves(value, base):
             key = prefix + ".".join([str(i) for i in idx])
             n0 = len(lines)
@@ -1007,7 +1013,7 @@ class DumpSink(Sink):
                     self._forget_inputs(call)  # nothing caches them before the kernel runs
                 return False
         lines: list = []
-        spec = None
+        spec: _Spec = None
         if fwd:
             if self.with_tensors:
                 args, kwargs = call.args, call.kwargs
@@ -1019,7 +1025,7 @@ class DumpSink(Sink):
                     items = list(args) + list(kwargs.values()) if kwargs else args
                     spec = self._records(call.forward_key, "input", items, call.ctx, lines, spec)
             if self.with_stack:
-                call.stack  # extract now, while the frames are live
+                call.stack  # noqa: B018 - reading the property extracts the stack, while the frames are live
         call.state[self] = (fwd, bwd, lines, spec)
         return True
 
@@ -1033,7 +1039,7 @@ class DumpSink(Sink):
             self._forget_inputs(call)
         if not fwd:
             if self.with_stack:
-                call.stack
+                call.stack  # noqa: B018 - reading the property extracts the stack, while the frames are live
             return
         api = call.forward_key
         if self._keep_fwd_out:
@@ -1138,7 +1144,7 @@ class DumpSink(Sink):
         pending = self._pending
         if pending:
             self._pending = []
-            out = []
+            out: List[str] = []
             append = out.append
             for e in pending:
                 if type(e) is str:

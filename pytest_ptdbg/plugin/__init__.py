@@ -1,7 +1,7 @@
 """pytest plugin entry point (``pytest11: ptdbg``): options, marker, ``ptdbg_dump`` fixture, summary.
 
 Imported by pytest for every session, so nothing heavy at import: torch and pandas are imported
-by ``plugin_fixture``/``plugin_run`` when a test first uses the fixture.
+by ``fixture.py``/``run.py`` when a test first uses the fixture.
 
 Artifacts of a session go under the dump directory (``--ptdbg-dump-dir``; default
 ``<basetemp>/ptdbg`` with ``--basetemp``, else ``.pytest_cache/d/ptdbg/run-<time>-<pid>/``, the
@@ -23,7 +23,7 @@ import shutil
 import stat
 import tempfile
 import time
-from typing import Any, Dict, Iterable, Optional, Set
+from typing import TYPE_CHECKING, Any, Dict, Generator, Iterable, Iterator, Optional, Sequence, Set
 
 import pytest
 
@@ -32,6 +32,9 @@ from pytest_ptdbg.plugin.golden import ci_mode, partial_files, remove as remove_
     unused_goldens
 from pytest_ptdbg.plugin.summary import REPORT_ATTR, SessionSummary
 
+if TYPE_CHECKING:
+    from pytest_ptdbg.plugin.fixture import PtdbgDump
+
 #: marker file in each test's artifact folder; the session start clears only folders holding it
 ARTIFACT_MARK = ".ptdbg-artifacts"
 
@@ -39,7 +42,7 @@ ARTIFACT_MARK = ".ptdbg-artifacts"
 class PtdbgState:
     """Per-process plugin state (config.stash)."""
 
-    def __init__(self, config: Any, settings: plugin_options.Settings, dump_root: str,
+    def __init__(self, config: pytest.Config, settings: plugin_options.Settings, dump_root: str,
                  run_dir: str) -> None:
         self.config = config
         self.settings = settings
@@ -72,11 +75,11 @@ CALL_REPORT = pytest.StashKey[Dict[str, Any]]()
 KNOWN_IDS_KEY = "ptdbg_known_ids"
 
 
-def pytest_addoption(parser: Any) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
     plugin_options.addoption(parser)
 
 
-def _default_dump_root(config: Any) -> str:
+def _default_dump_root(config: pytest.Config) -> str:
     basetemp = config.getoption("basetemp", None)
     if basetemp:
         return os.path.join(os.path.abspath(str(basetemp)), "ptdbg")
@@ -198,7 +201,7 @@ def _clear_marked(path: str) -> bool:
     return removed
 
 
-def pytest_configure(config: Any) -> None:
+def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", plugin_options.MARKER_HELP)
     try:
         settings, dump_dir = plugin_options.session_settings(config)
@@ -249,23 +252,24 @@ class _SessionHooks:
         else:
             self.state.known_ids.update(ids)
 
-    def pytest_collectreport(self, report: Any) -> None:
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         # every test a collector found, before any -k/-m/`::` selection or plugin filtering
         if report.passed:
             self.state.known_ids.update(x.nodeid for x in report.result
                                         if isinstance(x, pytest.Item))
 
-    def pytest_collection_finish(self, session: Any) -> None:
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
         state = self.state
         state.known_ids.update(item.nodeid for item in session.items)
         if state.is_worker:
-            state.config.workeroutput[KNOWN_IDS_KEY] = sorted(state.known_ids)
+            state.config.workeroutput[KNOWN_IDS_KEY] = sorted(state.known_ids)  # type: ignore[attr-defined]  # set by pytest-xdist on a worker
 
-    def pytest_deselected(self, items: Any) -> None:
+    def pytest_deselected(self, items: Sequence[pytest.Item]) -> None:
         self.state.known_ids.update(item.nodeid for item in items)
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: Any, call: Any) -> Any:
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]
+                                  ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
         if report.when == "call" and report.passed:
             _fail_unasserted(item, report)
@@ -279,7 +283,7 @@ class _SessionHooks:
                                   plain(p) for p in report.user_properties]
         return report
 
-    def pytest_runtest_logreport(self, report: Any) -> None:
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # xdist: the controller gets every worker's reports here; without xdist, our own.
         if self.state.is_worker:
             return
@@ -288,7 +292,7 @@ class _SessionHooks:
         if report.when == "teardown":
             self.state.summary.add_report(report)
 
-    def pytest_sessionfinish(self, session: Any) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         state = self.state
         if state.is_worker:
             return
@@ -318,7 +322,7 @@ class _SessionHooks:
             _mark_root(state.dump_root, (getattr(state.summary, "json_path", None),
                                          getattr(state.summary, "index_path", None)))
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.state.is_worker:
             self.state.summary.write_terminal(terminalreporter)
 
@@ -345,7 +349,8 @@ def plain(obj: Any) -> Any:
     item = getattr(obj, "item", None)  # numpy scalars and 0-d arrays, torch scalars
     tolist = getattr(obj, "tolist", None)
     try:
-        if callable(tolist) and getattr(obj, "ndim", 0):
+        ndim = getattr(obj, "ndim", 0)
+        if callable(tolist) and ndim:
             return plain(tolist())
         if callable(item):
             value = item()
@@ -356,7 +361,7 @@ def plain(obj: Any) -> Any:
     return str(obj)
 
 
-def _fail_unasserted(item: Any, report: Any) -> None:
+def _fail_unasserted(item: pytest.Item, report: pytest.TestReport) -> None:
     """A comparison that failed and that the test never asserted fails the test (strict)."""
     dump = getattr(item, "_ptdbg_fixture", None)
     if dump is None:
@@ -371,7 +376,7 @@ def _fail_unasserted(item: Any, report: Any) -> None:
 
 
 @pytest.fixture
-def ptdbg_dump(request: Any) -> Any:
+def ptdbg_dump(request: pytest.FixtureRequest) -> Iterator[PtdbgDump]:
     """Run a step on the device under test and on the bench under the dump hooks, and compare;
     where device and bench are the same device in the same dtype, judge against the test's golden.
 

@@ -13,12 +13,16 @@ step runs. Imports torch (only the fixture uses it).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from pytest_ptdbg.capture.sink import ApiCall, Sink
 from pytest_ptdbg.format import records
+
+if TYPE_CHECKING:
+    from pytest_ptdbg.debugger import PrecisionDebugger
 
 ROOT = "model"
 OUTSIDE = "step"
@@ -35,7 +39,7 @@ class CallKeys(Sink):
 
     wants_backward = False
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: object) -> None:  # the test's model; any other object: no names
         self.names: Dict[int, str] = {}
         if isinstance(model, torch.nn.Module):
             for name, mod in model.named_modules():
@@ -43,13 +47,13 @@ class CallKeys(Sink):
         self.stack: List[str] = []
         self.keys: Dict[str, str] = {}          # api key -> stable key
         self._counts: Dict[Tuple[str, str], int] = {}
-        self._handles: List[Any] = []
+        self._handles: List[RemovableHandle] = []
 
     # module hooks -------------------------------------------------------------------------
-    def _pre(self, module: Any, args: Any) -> None:
+    def _pre(self, module: torch.nn.Module, args: tuple) -> None:
         self.stack.append(self.names.get(id(module), self.stack[-1] if self.stack else OUTSIDE))
 
-    def _post(self, module: Any, args: Any, output: Any) -> None:
+    def _post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         if self.stack:
             self.stack.pop()
 
@@ -79,7 +83,7 @@ class CallKeys(Sink):
         return False
 
 
-def attach(debugger: Any, keys: CallKeys) -> bool:
+def attach(debugger: PrecisionDebugger, keys: CallKeys) -> bool:
     """Add ``keys`` to the sinks of a started ``PrecisionDebugger``; False when it has no engine
     (then the golden falls back to the dump's own call indices)."""
     engine = getattr(debugger, "_engine", None)

@@ -3,17 +3,25 @@ re-run the advisor on a filtered table. No torch here.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from pytest_ptdbg.comparison.rule import Rule
 from pytest_ptdbg.plugin.options import Settings
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from pytest_ptdbg.advise.advisor import Advice
+    from pytest_ptdbg.api import CompareResult
+    from pytest_ptdbg.comparison.options import CompareOptions
+    from pytest_ptdbg.comparison.verdict import Thresholds
 
 _PTDBG_KEYS = ("cosine", "max_abs", "cosine_hard", "max_abs_hard", "summary_rel")
 _DTYPE_KEYS = ("max_fail_fraction",)
 
 
-def to_thresholds(settings: Settings) -> Any:
-    """``compare.verdict.Thresholds`` from the settings' threshold dict."""
+def to_thresholds(settings: Settings) -> Thresholds:
+    """``comparison.verdict.Thresholds`` from the settings' threshold dict."""
     from pytest_ptdbg.comparison.verdict import Thresholds
 
     th = Thresholds()
@@ -46,7 +54,7 @@ def effective_thresholds(settings: Settings) -> Dict[str, Any]:
     return out
 
 
-def compare_options(settings: Settings, log: bool = False) -> Any:
+def compare_options(settings: Settings, log: bool = False) -> CompareOptions:
     """The ``CompareOptions`` of a test: its rule and thresholds, stack and advisor on."""
     from pytest_ptdbg.comparison.options import CompareOptions
 
@@ -54,7 +62,7 @@ def compare_options(settings: Settings, log: bool = False) -> Any:
                           thresholds=to_thresholds(settings), log=log)
 
 
-def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> Any:
+def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> CompareResult:
     """The compare of ``params`` (ptdbg's ``input_param``) into ``out_dir`` under ``settings``."""
     from pytest_ptdbg.api import compare_inputs
     from pytest_ptdbg.comparison.options import inputs_from_param
@@ -65,7 +73,7 @@ def call_compare(params: Dict[str, Any], out_dir: str, settings: Settings) -> An
     return result
 
 
-def advise_table(table: Any, previous: Any = None) -> Any:
+def advise_table(table: pd.DataFrame, previous: Optional[Advice] = None) -> Advice:
     """The advisor's findings for a (filtered or re-judged) table; the judgement of ``previous``
     (the compare's own advice) is kept."""
     from pytest_ptdbg.advise.advisor import advise

@@ -349,10 +349,10 @@ def _operand(line: Optional[Dict[str, Any]]) -> Optional[List[float]]:
         return None
     if str(line.get("dtype")) in ("float", "int"):
         try:
-            v = [stat_value(x) for x in (line.get("stats") or [])][:2]
+            pair = [stat_value(x) for x in (line.get("stats") or [])][:2]
         except (TypeError, ValueError):
             return None
-        return v if len(v) == 2 and all(math.isfinite(x) for x in v) else None
+        return pair if len(pair) == 2 and all(math.isfinite(x) for x in pair) else None
     v = _finite_stats(line)
     return None if v is None else v[:2]
 
@@ -396,7 +396,8 @@ def within_floor(g: Sequence[Any], f: Sequence[Any], tol: float, floor: float, n
     return True
 
 
-def _index(lines: List[Dict[str, Any]]) -> Tuple[Dict[str, Dict[str, Any]], Dict[Tuple[str, str], Dict[str, Any]], List[str]]:
+def _index(lines: List[Dict[str, Any]]
+           ) -> Tuple[Dict[str, Dict[str, Any]], Dict[Tuple[str, str], Dict[str, Any]], List[str]]:
     calls: Dict[str, Dict[str, Any]] = {}
     tensors: Dict[Tuple[str, str], Dict[str, Any]] = {}
     order: List[str] = []

@@ -16,8 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-_SIZE_KW = ("dtype", "layout")
-
 
 def _dropout(gen: torch.Generator, x: torch.Tensor, p: float, training: bool,
              inplace: bool) -> torch.Tensor:

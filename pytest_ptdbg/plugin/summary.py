@@ -10,10 +10,13 @@ import datetime
 import html
 import json
 import os
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from pytest_ptdbg.plugin.golden import SUMMARY_STATUSES
 from pytest_ptdbg.runtime.text import fmt_number
+
+if TYPE_CHECKING:
+    import pytest
 
 SUMMARY_NAME = "ptdbg_summary.json"
 INDEX_NAME = "index.html"
@@ -93,7 +96,7 @@ class SessionSummary:
         self.json_path: Optional[str] = None
         self.index_path: Optional[str] = None
 
-    def add_report(self, report: Any) -> None:
+    def add_report(self, report: pytest.TestReport) -> None:
         for entry in getattr(report, REPORT_ATTR, None) or ():
             self.entries.append(dict(entry))
 
@@ -181,7 +184,7 @@ class SessionSummary:
         os.replace(path + ".tmp", path)
         return path
 
-    def write_terminal(self, tr: Any) -> None:
+    def write_terminal(self, tr: pytest.TerminalReporter) -> None:
         if not self.entries and not self.unused and not self.removed:
             return
         tr.write_sep("=", "ptdbg precision summary")

@@ -19,7 +19,7 @@ PALETTE = ("#2563eb", "#ea580c", "#059669", "#7c3aed")
 @dataclass
 class Series:
     label: str
-    values: Sequence[float]  # one per call; NaN = unknown (gap), inf = NaN/Inf appeared
+    values: Sequence[Optional[float]]  # one per call; None or NaN = unknown (gap), inf = NaN/Inf appeared
     colour: str = ""
 
 
@@ -39,7 +39,7 @@ class PlotData:
     shade_from: Optional[int] = None  # shade from this call on (where the runs part)
 
 
-def _decades(values: Sequence[float]) -> Tuple[int, int]:
+def _decades(values: Sequence[Sequence[Optional[float]]]) -> Tuple[int, int]:
     pos = [v for s in values for v in s if v is not None and math.isfinite(v) and v > 0]
     if not pos:
         return -8, 0
@@ -48,6 +48,10 @@ def _decades(values: Sequence[float]) -> Tuple[int, int]:
     if hi - lo < 2:
         lo = hi - 2
     return lo, hi
+
+
+def _tip_value(v: Optional[float]) -> str:
+    return f"{v:.2e}" if isinstance(v, float) and math.isfinite(v) else f"{v}"
 
 
 def _nice_step(n: int, target: int = 10) -> int:
@@ -126,8 +130,8 @@ def error_plot(data: PlotData, title: str, width: int = 1180, height: int = 300,
             segs.append(seg)
         for sg in segs:
             if len(sg) == 1:
-                x, y = sg[0].split(",")
-                out.append(f'<circle cx="{x}" cy="{y}" r="2" fill="{colour}"/>')
+                cx, cy = sg[0].split(",")
+                out.append(f'<circle cx="{cx}" cy="{cy}" r="2" fill="{colour}"/>')
             else:
                 out.append(f'<polyline points="{" ".join(sg)}" fill="none" stroke="{colour}" '
                            'stroke-width="1.5" stroke-linejoin="round"/>')
@@ -141,9 +145,9 @@ def error_plot(data: PlotData, title: str, width: int = 1180, height: int = 300,
     # failing calls: red rings (with a tooltip); hover targets for all calls when few
     fail_idx = [i for i, f in enumerate(data.failing) if f][:2000]
     for i in fail_idx:
-        vals = [s.values[i] for s in data.series if s.values[i] is not None]
-        vals = [v for v in vals if not math.isnan(v)]
-        v = max(vals) if vals else float("nan")
+        at_i = [s.values[i] for s in data.series]
+        known = [v for v in at_i if v is not None and not math.isnan(v)]
+        v = max(known) if known else float("nan")
         if not math.isfinite(v):  # unknown, or NaN/Inf (already a red triangle)
             continue
         out.append(f'<circle cx="{xs(i):.1f}" cy="{ys(v):.1f}" r="3.5" fill="none" stroke="#dc2626" '
@@ -151,11 +155,9 @@ def error_plot(data: PlotData, title: str, width: int = 1180, height: int = 300,
     if n <= 3000:
         w = pw / n
         for i, name in enumerate(data.names):
-            vals = ", ".join(f"{s.label} {s.values[i]:.2e}" if isinstance(s.values[i], float)
-                             and math.isfinite(s.values[i]) else f"{s.label} {s.values[i]}"
-                             for s in data.series)
+            tip = ", ".join(f"{s.label} {_tip_value(s.values[i])}" for s in data.series)
             out.append(f'<rect x="{xs(i) - w / 2:.1f}" y="{mt}" width="{w:.2f}" height="{ph}" '
-                       f'class="hover"><title>#{i} {escape(name)}: {escape(vals)}</title></rect>')
+                       f'class="hover"><title>#{i} {escape(name)}: {escape(tip)}</title></rect>')
 
     # marks: dashed vertical line + label
     for j, m in enumerate(sorted(data.marks, key=lambda m: m.index)):
@@ -169,7 +171,7 @@ def error_plot(data: PlotData, title: str, width: int = 1180, height: int = 300,
                    f'fill="{m.colour}">{escape(m.label)}</text>')
 
     # legend
-    lx = ml + pw
+    lx: float = ml + pw
     items = [(s.colour or PALETTE[k % len(PALETTE)], s.label) for k, s in enumerate(data.series)]
     for colour, label in reversed(items):
         tw = 8 + 6.6 * len(label)

@@ -21,9 +21,9 @@ exception stops the run, naming the API and the package. Each rank counts its ow
 across the steps of one debugger.
 
 Backward: the gradient arriving at an API (``backward_input``) and its forward tensors play the
-inputs, the gradient it produces (``backward_output``) the output. Forward inputs of calls whose outputs require grad are
-kept (by reference; copies for in-place calls) until their backward has run, so a backward
-overflow can be packaged with them.
+inputs, the gradient it produces (``backward_output``) the output. Forward inputs of calls whose
+outputs require grad are kept (by reference; copies for in-place calls) until their backward has
+run, so a backward overflow can be packaged with them.
 """
 from __future__ import annotations
 
@@ -33,11 +33,16 @@ import os
 import re
 import shutil
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from pytest_ptdbg.capture.sink import Sink
+from pytest_ptdbg.capture.sink import ApiCall, Sink
 from pytest_ptdbg.errors import OverflowDetected
 from pytest_ptdbg.sinks.snapshot import CallSnapshot, base_meta, device_of, index_str
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_ptdbg.runtime.config import DebugConfig
 
 __all__ = ["OverflowSink", "OverflowDetected", "classify", "tensor_status"]
 
@@ -54,9 +59,7 @@ KIND_TEXT = {
 FINITE, SAT, INF, NAN = 0, 1, 2, 3
 
 
-
-
-def tensor_status(t: Any) -> int:
+def tensor_status(t: object) -> int:
     """``FINITE``, ``SAT`` (finite, reaches the dtype's max magnitude), ``INF`` or ``NAN``.
 
     Tensors that cannot overflow (integer, bool, empty) are FINITE; a Python float argument
@@ -78,10 +81,10 @@ def tensor_status(t: Any) -> int:
     return INF if math.isinf(m) else SAT
 
 
-_MAX: Dict[Any, float] = {}
+_MAX: Dict[torch.dtype, float] = {}
 
 
-def _max_of(dtype: Any) -> float:
+def _max_of(dtype: torch.dtype) -> float:
     m = _MAX.get(dtype)
     if m is None:
         import torch
@@ -116,7 +119,7 @@ class OverflowSink(Sink):
 
     wants_backward = True
 
-    def __init__(self, config: Any, rank_dir: str) -> None:
+    def __init__(self, config: DebugConfig, rank_dir: str) -> None:
         nums = getattr(config, "overflow_nums", 1)
         if nums is None:
             nums = 1
@@ -165,14 +168,14 @@ class OverflowSink(Sink):
         return list(self.state["events"])
 
     # -- forward ------------------------------------------------------------------------------
-    def start_call(self, call: Any) -> bool:
+    def start_call(self, call: ApiCall) -> bool:
         from pytest_ptdbg.capture.sink import input_items, iter_tensors
 
         status = self._status(t for _, t in iter_tensors(input_items(call.args, call.kwargs)))
         call.state[self] = {"in": status, "snap": CallSnapshot(call)}
         return True
 
-    def end_call(self, call: Any) -> None:
+    def end_call(self, call: ApiCall) -> None:
         from pytest_ptdbg.capture.sink import iter_tensors, outputs_of
 
         st = call.state[self]
@@ -192,7 +195,7 @@ class OverflowSink(Sink):
             st["expect"] = len({id(t) for _, t in _inputs_requiring_grad(call)})
 
     # -- backward -----------------------------------------------------------------------------
-    def on_backward(self, call: Any, io: str, index: Tuple[int, ...], grad: Any) -> None:
+    def on_backward(self, call: ApiCall, io: str, index: Tuple[int, ...], grad: Any) -> None:
         st = call.state.get(self)
         if st is None or "bin" not in st or st["done"]:
             return
@@ -277,7 +280,7 @@ class OverflowSink(Sink):
         self._seen.clear()
 
 
-def _inputs_requiring_grad(call: Any) -> List[Tuple[Tuple[int, ...], Any]]:
+def _inputs_requiring_grad(call: ApiCall) -> List[Tuple[Tuple[int, ...], torch.Tensor]]:
     from pytest_ptdbg.capture.sink import input_items, iter_tensors
     import torch
 

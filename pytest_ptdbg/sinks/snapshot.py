@@ -2,9 +2,15 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from pytest_ptdbg.judge import package as pkgmod
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from pytest_ptdbg.capture.sink import ApiCall
 
 
 class CallSnapshot:
@@ -19,10 +25,10 @@ class CallSnapshot:
     __slots__ = ("api_type", "api_name", "index", "args", "kwargs", "inputs", "requires_grad", "versions",
                  "stack", "ctx", "rng")
 
-    def __init__(self, call: Any, copy: Optional[bool] = None, rng: Optional[bool] = None) -> None:
+    def __init__(self, call: ApiCall, copy: Optional[bool] = None, rng: Optional[bool] = None) -> None:
         self.api_type, self.api_name, self.index = call.api_type, call.api_name, call.index
         self.args, self.kwargs = tuple(call.args), dict(call.kwargs)
-        self.inputs: Dict[str, Any] = {}
+        self.inputs: Dict[str, torch.Tensor] = {}
         self.requires_grad: Dict[str, bool] = {}
         self.versions: Dict[str, int] = {}
         out_key = None
@@ -80,7 +86,7 @@ RANDOM = re.compile(r"dropout|rand|bernoulli|multinomial|normal_|uniform_|expone
                     r"cauchy_|log_normal_|random_|poisson|rrelu|gumbel|fractional_max_pool")
 
 
-def rng_state(device: str) -> Optional[Tuple[str, Any]]:
+def rng_state(device: str) -> Optional[Tuple[str, np.ndarray]]:
     """``(device type, state as a uint8 numpy array)`` of the generator ``device`` draws from."""
     import torch
 

@@ -233,3 +233,14 @@ def test_repeated_values_are_shared_and_extras_stay_dicts(tmp_path):
     assert ins[0].shape is ins[2].shape and ins[0].dtype is outs[1].dtype and ins[0].extra == {}
     assert outs[0].extra is outs[2].extra and outs[0].extra == {"nan": 0, "inf": 0, "rg": True}
     assert outs[1].shape == () and [t.slot for t in ins] == ["input.0"] * 3
+
+
+def test_a_line_json_cannot_convert_is_skipped_as_corrupt(mlp_dump):
+    # json.loads raises a plain ValueError (no .msg) for an integer past Python's digit limit
+    pkl = reader.locate(str(mlp_dump)).path
+    text = open(pkl).read().splitlines(keepends=True)
+    text.insert(3, '["Torch_relu_0_forward_input.0", 0, [], "torch.float32", [2], [' + "1" * 5000 + ']]\n')
+    open(pkl, "w").write("".join(text))
+    d = reader.read_dump(str(mlp_dump))
+    assert any(p.startswith(f"{pkl}:4: corrupt") and "digits" in p for p in d.problems)
+    assert d.n_tensors == sum(len(a.tensors) for a in dumps.mlp_apis())
