@@ -1,4 +1,7 @@
-"""Columns of the compare table as numpy arrays (no torch): numbers and flags, tolerant of text."""
+"""Columns of the compare table as numpy arrays (no torch): numbers and flags, tolerant of text.
+
+Kept only for report/html_report.py (another stage reads columns through
+:class:`~pytest_ptdbg.comparison.schema.CompareTable`); remove with its last user."""
 from __future__ import annotations
 
 import numpy as np

@@ -14,11 +14,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import pandas as pd
 
 from pytest_ptdbg.advise import advice_text as at
+from pytest_ptdbg.comparison import schema as S
+from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.advise.advisor import MIN_GROWTH, Advice, Kind, Role, Suspect
 from pytest_ptdbg.format.text import TextEnum, fmt_error
 from pytest_ptdbg.judge import not_judged as NJ
@@ -113,14 +115,8 @@ def _kind(rc: RootCause) -> Kind:
     return Kind.OWN
 
 
-def _row_value(table: pd.DataFrame, row: int, col: str) -> Any:
-    if row < 0 or row >= len(table) or col not in table.columns:
-        return None
-    return table.iloc[row][col]
-
-
-def _new_suspect(rc: RootCause, table: pd.DataFrame) -> Suspect:
-    stack = _row_value(table, rc.row, "_stack")
+def _new_suspect(rc: RootCause, t: CompareTable) -> Suspect:
+    stack = t.objects(S.STACK)[rc.row] if 0 <= rc.row < len(t) else None
     frames = at.as_frames(stack) or None
     return Suspect(api=rc.api, direction=rc.direction, kind=_kind(rc), csv_line=rc.row + 2 if rc.row >= 0 else 0,
                    stack=frames, input_error=math.nan, output_error=rc.own_error, growth=math.nan,
@@ -134,7 +130,8 @@ def _uninitialised(family: str) -> bool:
     return sp is not None and sp.treatment == NJ.Treatment.UNINITIALISED
 
 
-def apply_judgement(advice: Advice, judgement: Optional[StepJudgement], table: pd.DataFrame) -> Advice:
+def apply_judgement(advice: Advice, judgement: Optional[StepJudgement],
+                    table: Union[pd.DataFrame, CompareTable]) -> Advice:
     """Re-rank ``advice`` (in place) by ``judgement`` (see the module docstring); returns it."""
     advice.judgement = judgement
     if judgement is None:
@@ -150,7 +147,7 @@ def apply_judgement(advice: Advice, judgement: Optional[StepJudgement], table: p
         s = by_api.get(rc.api)
         cat = fault_category(rc)
         if s is None:
-            s = _new_suspect(rc, table)
+            s = _new_suspect(rc, CompareTable.of(table))
         if s.kind == Kind.INHERITED or not s.category or rc.cause in (Cause.CHANGED_ARGUMENT,
                                                                         Cause.INPUTS_DIFFER):
             s.category = str(cat)  # the table's view of it (inherited...) does not hold
