@@ -41,6 +41,7 @@ from pytest_ptdbg.comparison import schema as S
 from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.comparison.stat_error import range_scaled
 from pytest_ptdbg.format.text import TextEnum, fmt_error
+from pytest_ptdbg.judge.passing import passes
 
 __all__ = ["Cause", "RootCause", "StepJudgement", "judge_step", "statistics_causes", "rescan_hint", "unusable_text",
            "STAT_FACTOR", "STAT_FLOOR_UNITS", "STAT_SIGNIFICANT"]
@@ -258,7 +259,7 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
     ranked = sorted(causes.values(), key=key)
     listed = set(problems)   # compare() lists the replay's unusable calls among its problems too
     unusable_all = list(problems) + [b for b in bad_rows if b not in listed]
-    j = StepJudgement(not ranked and not unusable_all, ranked, unusable_all, replay, by_stats)
+    j = StepJudgement(passes(root_causes=ranked, unusable=unusable_all), ranked, unusable_all, replay, by_stats)
     if by_stats and ranked:
         j.rescan = rescan_hint([r.api for r in ranked if r.side == "NPU"][:5])
     return j

@@ -15,6 +15,7 @@ from pytest_ptdbg.comparison import schema as S
 from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.comparison.stat_error import range_scaled
 from pytest_ptdbg.comparison.verdict import Thresholds
+from pytest_ptdbg.judge.passing import passes
 from pytest_ptdbg.plugin.options import Settings, per_test
 from pytest_ptdbg.errors import PrecisionError
 from pytest_ptdbg.format.text import fmt_number
@@ -129,13 +130,13 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
         failing, causes, judged = _judged_failing(cmp, table, ignored, unusable_col)
         unusable = failing & unusable_col
         needed: Dict[str, float] = {}
-        passed = judged and not failing.any() and not causes and not problems
+        passed = passes(root_causes=causes, failing_rows=failing, problems=problems, checks=[judged])
     else:
         failing = ~t[S.PASSED]
         unusable = failing & unusable_col
         # thresholds that would pass: only when every failure is a threshold matter
         needed = _needed(t.rows(failing), s) if failing.any() and not unusable.any() and not problems else {}
-        passed = not failing.any() and not problems
+        passed = passes(failing_rows=failing, problems=problems)
     if advice is not None and advice.passed != passed:
         import dataclasses
 
@@ -181,7 +182,7 @@ def _rejudge(cmp: Any, s: Settings) -> Any:
 
     table, undecided = rejudge_table(cmp.table, s.rule, to_thresholds(s))
     if not undecided:
-        passed = bool(table["_passed"].all()) and not getattr(cmp, "problems", None)
+        passed = passes(failing_rows=~CompareTable.of(table)[S.PASSED], problems=getattr(cmp, "problems", None) or [])
         return dataclasses.replace(cmp, table=table, passed=passed)
     params = getattr(cmp, "input_param", None)
     if params:
@@ -403,7 +404,7 @@ def assert_precision(result: Any, **thresholds: Any) -> Any:
     ev = evaluate(result, **thresholds)
     health = list(getattr(result, "health_problems", None) or [])
     gcheck = _golden_in_force(getattr(result, "golden_check", None), ev.settings)
-    if ev.passed and not health and (gcheck is None or gcheck.passed):
+    if passes(problems=health, checks=(ev.passed, gcheck is None or gcheck.passed)):
         return ev
     parts: List[str] = []
     if health:
