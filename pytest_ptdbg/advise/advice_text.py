@@ -12,11 +12,12 @@ import re
 from typing import Iterable, Optional, Sequence, Tuple
 
 from pytest_ptdbg.format.text import fmt_error, fmt_growth
+from pytest_ptdbg.judge.finding import Cause
 
 # ---------------------------------------------------------------------------- categories
 
 NONFINITE = "NaN/Inf first appearing"
-UNPAIRED = "call on one side only"
+UNPAIRED = Cause.UNPAIRED.value            # the judgement's words, where they are the same
 OPTIMIZER = "optimizer update"
 COLLECTIVE = "collective communication"
 RANDOM = "random op"
@@ -25,7 +26,7 @@ LOW_PRECISION = "reduced-precision compute"
 NONDETERMINISTIC = "non-deterministic kernel"
 REDUCTION = "reduction or normalisation"
 INHERITED = "inherited error"
-INPUTS_DIFFER = "inputs differ at the start"
+INPUTS_DIFFER = Cause.INPUTS_DIFFER.value
 NEGLIGIBLE = "negligible difference"
 DISCONTINUOUS = "branch flip (discontinuous op)"
 COMPUTATION = "computation"

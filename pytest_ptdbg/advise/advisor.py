@@ -122,7 +122,7 @@ class Suspect:
     replay: str = ""
     #: a latent origin: the later call whose failure it explains
     explains: str = ""
-    #: the fault category of a root cause (``advise.ranking.FaultCategory``), "" otherwise
+    #: the fault category of a root cause (``judge.finding.FaultCategory``), "" otherwise
     fault: str = ""
 
     def __post_init__(self) -> None:

@@ -4,7 +4,7 @@
 :class:`~pytest_ptdbg.advise.advisor.Advice`:
 
 1. every root cause, earliest in execution order first, as a suspect with its fault category
-   (:class:`FaultCategory`) and advice saying what to try;
+   (:attr:`~pytest_ptdbg.judge.finding.Finding.category`) and advice saying what to try;
 2. then the advisor's other suspects, labelled: a call the table called "own" that the replay
    finds within its own-error budget is an *amplifier* (it grows a difference it received, e.g.
    AdamW's first step g/|g|, an ill-conditioned op) or *inherited*; calls not judged keep their
@@ -22,49 +22,16 @@ from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.comparison import schema as S
 from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.advise.advisor import MIN_GROWTH, Advice, Kind, Role, Suspect
-from pytest_ptdbg.format.text import TextEnum, fmt_error
+from pytest_ptdbg.format.text import fmt_error
 from pytest_ptdbg.judge import not_judged as NJ
-from pytest_ptdbg.judge.step import Cause, RootCause, StepJudgement
+from pytest_ptdbg.judge.finding import Cause, FaultCategory, Finding
+from pytest_ptdbg.judge.step import StepJudgement
 
-__all__ = ["FaultCategory", "fault_category", "advice_for_cause", "apply_judgement"]
-
-
-class FaultCategory(TextEnum):
-    """What kind of fault a root cause is, and so what to try."""
-
-    REDUCED_PRECISION = "reduced-precision kernel"
-    CHANGED_ARGUMENT = "changed argument"
-    NONFINITE_ORIGIN = "NaN/Inf origin"
-    WRONG_FORMULA = "wrong formula"
-    CODE_PATH = "code path differs"
-    BY_STATISTICS = "own error by statistics"
-    INPUTS_DIFFER = "inputs differ at the start"
+__all__ = ["advice_for_cause", "apply_judgement"]
 
 
-_LOW = ("bfloat16", "float16")
-
-
-def fault_category(rc: RootCause) -> FaultCategory:
-    """The category of a root cause (from its cause and, for own errors, its compute dtype and
-    whether the device's result matches a lower-precision replay)."""
-    if rc.cause == Cause.CHANGED_ARGUMENT:
-        return FaultCategory.CHANGED_ARGUMENT
-    if rc.cause == Cause.NONFINITE:
-        return FaultCategory.NONFINITE_ORIGIN
-    if rc.cause in (Cause.ONE_SIDED, Cause.UNPAIRED):
-        return FaultCategory.CODE_PATH
-    if rc.cause == Cause.STATISTICS:
-        return FaultCategory.BY_STATISTICS
-    if rc.cause == Cause.INPUTS_DIFFER:
-        return FaultCategory.INPUTS_DIFFER
-    if any(d in rc.detail for d in ("matches a torch.bfloat16", "matches a torch.float16")) or \
-            any(f"({d}" in rc.detail or f"torch.{d};" in rc.detail for d in _LOW):
-        return FaultCategory.REDUCED_PRECISION
-    return FaultCategory.WRONG_FORMULA
-
-
-def advice_for_cause(rc: RootCause, category: FaultCategory) -> str:
-    """What happened and what to try, for one root cause."""
+def advice_for_cause(rc: Finding, category: FaultCategory) -> str:
+    """What happened and what to try, for one root cause (``category``: :attr:`Finding.category`)."""
     op = at.op_name(rc.family) if rc.family else rc.api
     key = rc.api
     where = "its produced gradients" if rc.direction == "backward" else "its outputs"
@@ -80,10 +47,10 @@ def advice_for_cause(rc: RootCause, category: FaultCategory) -> str:
                 "by zero where a correct one does not. Compute it in float32, subtract the max "
                 "before exp, clamp or add an eps before log/sqrt/division. " + replay)
     if category == FaultCategory.INPUTS_DIFFER:
-        return f"{at.INPUTS_DIFFER_ADVICE} (Here {rc.detail.split(' before ')[0]}.)"
+        return f"{at.INPUTS_DIFFER_ADVICE} (Here {rc.inputs_text}.)"
     if category == FaultCategory.CODE_PATH:
         side = at.side_word(rc.side)
-        why = rc.detail.split(": ", 1)[-1] if rc.detail.startswith("only on the ") else rc.detail
+        why = rc.why if rc.cause == Cause.ONE_SIDED else rc.detail
         return (f"This call runs only on the {side} side ({why}): another code path, an "
                 "extra cast or op. If it lowers precision (a cast to float16/bfloat16, a hand-written "
                 "softmax without the max subtraction), make both sides run the same code, or keep "
@@ -105,7 +72,7 @@ def advice_for_cause(rc: RootCause, category: FaultCategory) -> str:
             "Check the implementation against the bench's. " + replay)
 
 
-def _kind(rc: RootCause) -> Kind:
+def _kind(rc: Finding) -> Kind:
     if rc.cause == Cause.NONFINITE:
         return Kind.NONFINITE
     if rc.cause in (Cause.ONE_SIDED, Cause.UNPAIRED):
@@ -115,7 +82,7 @@ def _kind(rc: RootCause) -> Kind:
     return Kind.OWN
 
 
-def _new_suspect(rc: RootCause, t: CompareTable) -> Suspect:
+def _new_suspect(rc: Finding, t: CompareTable) -> Suspect:
     stack = t.objects(S.STACK)[rc.row] if 0 <= rc.row < len(t) else None
     frames = at.as_frames(stack) or None
     return Suspect(api=rc.api, direction=rc.direction, kind=_kind(rc), csv_line=rc.row + 2 if rc.row >= 0 else 0,
@@ -145,7 +112,7 @@ def apply_judgement(advice: Advice, judgement: Optional[StepJudgement],
             continue
         seen.add(rc.api)
         s = by_api.get(rc.api)
-        cat = fault_category(rc)
+        cat = rc.category
         if s is None:
             s = _new_suspect(rc, CompareTable.of(table))
         if s.kind == Kind.INHERITED or not s.category or rc.cause in (Cause.CHANGED_ARGUMENT,

@@ -40,9 +40,10 @@ from pytest_ptdbg.dump.validate import call_problem
 from pytest_ptdbg.errors import AllocationRefused, NotReplayable, ReplayError, ReplayRefused
 from pytest_ptdbg.format import records
 from pytest_ptdbg.format.gc_pause import paused_gc
-from pytest_ptdbg.format.text import TextEnum, fmt_error
+from pytest_ptdbg.format.text import TextEnum
 from pytest_ptdbg.judge import budget as B
 from pytest_ptdbg.judge.arrays import ArrayStore
+from pytest_ptdbg.judge.finding import replay_text
 from pytest_ptdbg.judge import not_judged as NJ
 
 __all__ = ["Status", "CallVerdict", "DumpJudgement", "judge_dump", "IGNORED_ARGUMENTS"]
@@ -109,11 +110,9 @@ class CallVerdict:
     def text(self) -> str:
         if self.status == Status.NOT_JUDGED:
             return f"{self.api}: {'could not be judged' if self.unusable else 'not judged'} ({self.reason})"
-        if self.nonfinite:
-            return f"{self.api}: NaN/Inf in {self.worst} that a replay of the same inputs does not produce"
-        low = f"; it matches a {self.matches_dtype} computation" if self.matches_dtype else ""
-        return (f"{self.api}: own error {fmt_error(self.own_error)} in {self.worst}, budget "
-                f"{fmt_error(self.budget)} ({self.compute_dtype}; x{self.ratio:.3g} of budget{low})")
+        return f"{self.api}: " + replay_text(
+            nonfinite=self.nonfinite, own_error=self.own_error, worst=self.worst, budget=self.budget,
+            compute_dtype=self.compute_dtype, ratio=self.ratio, matches_dtype=self.matches_dtype)
 
 
 @dataclass

@@ -28,6 +28,7 @@ Root causes are ranked in execution order (the earliest first). The table is rea
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import math
@@ -40,10 +41,10 @@ import pandas as pd
 from pytest_ptdbg.comparison import schema as S
 from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.comparison.stat_error import range_scaled
-from pytest_ptdbg.format.text import TextEnum, fmt_error
+from pytest_ptdbg.judge.finding import Cause, Evidence, Finding
 from pytest_ptdbg.judge.passing import passes
 
-__all__ = ["Cause", "RootCause", "StepJudgement", "judge_step", "statistics_causes", "rescan_hint", "unusable_text",
+__all__ = ["Cause", "Finding", "StepJudgement", "judge_step", "statistics_causes", "rescan_hint", "unusable_text",
            "STAT_FACTOR", "STAT_FLOOR_UNITS", "STAT_SIGNIFICANT"]
 
 #: statistics-only: an output's statistic error must exceed this many times its inputs' ...
@@ -58,50 +59,12 @@ INPUTS_AGREE = 1e-5
 STAT_SIGNIFICANT = 1e-2
 
 
-class Cause(TextEnum):
-    """Why a call is a root cause."""
-
-    OVER_BUDGET = "own error over budget"
-    NONFINITE = "NaN/Inf origin"
-    CHANGED_ARGUMENT = "changed argument"
-    ONE_SIDED = "value-changing call on one side only"
-    UNPAIRED = "call on one side only"
-    STATISTICS = "own error by statistics"
-    INPUTS_DIFFER = "inputs differ at the start"
-
-
-@dataclass
-class RootCause:
-    """One root cause of a failing step."""
-
-    api: str                 # API key with direction (``Functional_softmax_1_forward``)
-    direction: str
-    cause: Cause
-    detail: str
-    order: int = 0
-    row: int = -1            # first table row of the call (-1: none)
-    family: str = ""
-    ratio: float = math.nan  # own error / budget (replay) or growth (statistics)
-    own_error: float = math.nan
-    budget: float = math.nan
-    side: str = "NPU"        # "NPU" or "bench" (one-sided calls)
-    ctx: str = ""
-
-    def to_dict(self) -> Dict[str, Any]:
-        d = {k: getattr(self, k) for k in ("api", "direction", "detail", "order", "row", "family", "side", "ctx")}
-        d["cause"] = self.cause.value
-        for k in ("ratio", "own_error", "budget"):
-            v = getattr(self, k)
-            d[k] = None if v is None or not math.isfinite(v) else float(v)
-        return d
-
-
 @dataclass
 class StepJudgement:
     """The verdict of one compared step and what it rests on."""
 
     passed: bool
-    root_causes: List[RootCause] = field(default_factory=list)
+    root_causes: List[Finding] = field(default_factory=list)
     unusable: List[str] = field(default_factory=list)
     #: the replay judgement of the device dump (None: no full tensors, or replay off)
     replay: Any = None
@@ -110,7 +73,7 @@ class StepJudgement:
     notes: List[str] = field(default_factory=list)
 
     @property
-    def first(self) -> Optional[RootCause]:
+    def first(self) -> Optional[Finding]:
         return self.root_causes[0] if self.root_causes else None
 
     def text(self) -> str:
@@ -145,11 +108,6 @@ class StepJudgement:
 # ----------------------------------------------------------------------------------- sides
 
 
-def _side_word(side: str) -> str:
-    """``"device"`` for ptdbg's ``"NPU"`` side (the device under test, whatever it is), else the side."""
-    return "device" if side == "NPU" else side
-
-
 def _side(api: str, bench_api: str, npu_name: str) -> str:
     return "NPU" if (npu_name and npu_name.lower() not in ("nan", "n/a", "")) else "bench"
 
@@ -176,17 +134,17 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
     first_row: Dict[str, int] = {}
     for i in range(n):
         first_row.setdefault(apis[i], i)
-    causes: Dict[str, RootCause] = {}
+    causes: Dict[str, Finding] = {}
 
-    def add(rc: RootCause) -> None:
+    def add(rc: Finding) -> None:
         if rc.api not in causes:
             causes[rc.api] = rc
 
     bad_rows: List[str] = []
     for i in range(n):
         if arg_changed[i]:
-            add(RootCause(apis[i], direction[i], Cause.CHANGED_ARGUMENT, msg[i] or "a non-tensor argument differs",
-                          int(order[i]), first_row.get(apis[i], i), family[i], ctx=ctx[i]))
+            add(Finding(apis[i], direction[i], Cause.CHANGED_ARGUMENT, Evidence.TABLE, int(order[i]),
+                        first_row.get(apis[i], i), family[i], ctx=ctx[i], changes=(msg[i],) if msg[i] else ()))
             continue
         if paired[i]:
             if unusable[i]:
@@ -197,13 +155,14 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
         if cp == "bookkeeping":
             continue
         if cp == "value-changing":
+            # the compare stage writes code_path.classify's reason after the pairing's message
             why = msg[i].split("; ", 1)[-1] if "value-changing" in msg[i] else "it changes values"
-            add(RootCause(apis[i], direction[i], Cause.ONE_SIDED, f"only on the {_side_word(side)} side: {why}",
-                          int(order[i]), first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i]))
+            add(Finding(apis[i], direction[i], Cause.ONE_SIDED, Evidence.TABLE, int(order[i]),
+                        first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i], why=why))
             continue
         if unusable[i]:
-            add(RootCause(apis[i], direction[i], Cause.UNPAIRED, f"only on the {_side_word(side)} side",
-                          int(order[i]), first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i]))
+            add(Finding(apis[i], direction[i], Cause.UNPAIRED, Evidence.TABLE, int(order[i]),
+                        first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i]))
             bad_rows.append(f"CSV line {i + 2}: {apis[i]}: {msg[i] or 'on one side only'}")
 
     if replay is not None:
@@ -212,23 +171,22 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
             if getattr(v, "unusable", False):  # a malformed record, a replay out of memory, a memory bomb: not a pass
                 bad_rows.append(unusable_text(v))
             if str(v.status) == "root cause":
-                add(RootCause(v.api, v.direction, Cause.NONFINITE if v.nonfinite else Cause.OVER_BUDGET,
-                              v.text().split(": ", 1)[-1], v.order, row, v.family, v.ratio, v.own_error,
-                              v.budget, ctx=v.ctx))
+                add(Finding(v.api, v.direction, Cause.NONFINITE if v.nonfinite else Cause.OVER_BUDGET,
+                            Evidence.REPLAY, v.order, row, v.family, v.ratio, v.own_error, v.budget,
+                            ctx=v.ctx, worst=v.worst, compute_dtype=v.compute_dtype,
+                            matches_dtype=v.matches_dtype))
             # the compare stage's argument rows are the changed arguments, except for dtype
             # arguments: it lists those as following the run's precision, the judge knows when a
             # dtype lowers the call's precision below anything computed before
             changed = list(v.lowered_precision)
             if changed:
-                add(RootCause(v.api, v.direction, Cause.CHANGED_ARGUMENT, "; ".join(changed),
-                              v.order, row, v.family, ctx=v.ctx))
+                add(Finding(v.api, v.direction, Cause.CHANGED_ARGUMENT, Evidence.REPLAY, v.order, row,
+                            v.family, ctx=v.ctx, changes=tuple(changed)))
     first_in = _inputs_differ(t)
     if first_in is not None:
         i, e = first_in
-        add(RootCause(apis[i], direction[i], Cause.INPUTS_DIFFER,
-                      f"its input {t[S.INDEX][i]} differs from the bench's by "
-                      f"{fmt_error(e)} before any recorded call differed: the data, the initial weights or "
-                      "the random state differ between the runs", int(order[i]), i, family[i], ctx=ctx[i]))
+        add(Finding(apis[i], direction[i], Cause.INPUTS_DIFFER, Evidence.TABLE, int(order[i]), i, family[i],
+                    ctx=ctx[i], tensor=t[S.INDEX][i], input_error=e))
     by_stats = False
     if replay is None and statistics and n:
         by_stats = True
@@ -240,19 +198,16 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
         judged = {v.api for v in replay.verdicts if str(v.status) != "not judged"}
         for rc in statistics_causes(t):
             if rc.api not in judged:
-                rc.detail = f"{rc.detail} (judged from statistics: the replay could not judge this call)"
-                add(rc)
+                add(dataclasses.replace(rc, replay_missed=True))
 
     nf = _unmatched_nonfinite(t)
     if nf is not None and not any(0 <= rc.row <= nf for rc in causes.values()):
         # a NaN/Inf the bench does not have and that no call before it explains (every statistic
         # NaN from the step's first input on): the first such tensor is where it shows, and it fails
-        add(RootCause(apis[nf], direction[nf], Cause.NONFINITE,
-                      f"{npu_name[nf]} has NaN/Inf the bench's does not, and no recorded call before it "
-                      "produced one (it came in with the step's inputs, weights or an unrecorded call)",
-                      int(order[nf]), nf, family[nf], math.inf, ctx=ctx[nf]))
+        add(Finding(apis[nf], direction[nf], Cause.NONFINITE, Evidence.TABLE, int(order[nf]), nf, family[nf],
+                    math.inf, ctx=ctx[nf], tensor=npu_name[nf]))
 
-    def key(rc: RootCause) -> tuple:
+    def key(rc: Finding) -> tuple:
         row = rc.row if rc.row >= 0 else first_row.get(rc.api, n)
         return (row, rc.side != "NPU")
 
@@ -391,7 +346,7 @@ def _unit(dtype: str) -> float:
 
 @np.errstate(invalid="ignore", over="ignore", divide="ignore")  # NaN/Inf statistics are data here
 def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = STAT_FACTOR,
-                      floor_units: float = STAT_FLOOR_UNITS, significant: float = STAT_SIGNIFICANT) -> List[RootCause]:
+                      floor_units: float = STAT_FLOOR_UNITS, significant: float = STAT_SIGNIFICANT) -> List[Finding]:
     """Root causes from statistics alone (summary compare, or a compare without replay).
 
     A tensor's error is the largest of its |max|, |min|, |mean| differences over a scale (and, in
@@ -451,7 +406,7 @@ def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = 
                 v["ins"] = v["ins"] + f["ins"] + f["outs"]
                 v["nan_in"] = v["nan_in"] or f["nan_in"] or f["nan_out"]
                 v["unknown"] = v["unknown"] or f["unknown"] or any(not finite[j] for j in f["outs"])
-    out: List[RootCause] = []
+    out: List[Finding] = []
     for api, v in per.items():
         i = v["row"]
         sp = NJ.special_of(family[i])
@@ -459,8 +414,8 @@ def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = 
             continue
         optimizer = ctx[i] == S.OPTIMIZER
         if v["nan_out"] and not v["nan_in"]:
-            out.append(RootCause(api, direction[i], Cause.NONFINITE, "NaN/Inf appears here (statistics)",
-                                 int(order[i]), i, family[i], math.inf, ctx=ctx[i]))
+            out.append(Finding(api, direction[i], Cause.NONFINITE, Evidence.STATISTICS, int(order[i]), i,
+                               family[i], math.inf, ctx=ctx[i]))
             continue
         if v["unknown"] or not v["outs"] or optimizer:
             continue
@@ -480,8 +435,6 @@ def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = 
             e_out = max(err(j, in_scale, in_l2) for j in v["outs"])
         bound = max(factor * e_in, floor_units * v["u"], significant)
         if e_out > bound:
-            out.append(RootCause(api, direction[i], Cause.STATISTICS,
-                                 f"statistics off by {fmt_error(e_out)} of their scale with inputs off by "
-                                 f"{fmt_error(e_in)} (bound {fmt_error(bound)})",
-                                 int(order[i]), i, family[i], e_out / bound, e_out, bound, ctx=ctx[i]))
+            out.append(Finding(api, direction[i], Cause.STATISTICS, Evidence.STATISTICS, int(order[i]), i,
+                               family[i], e_out / bound, e_out, bound, ctx=ctx[i], input_error=e_in))
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from pytest_ptdbg.comparison import schema as S
 from pytest_ptdbg.comparison.schema import CompareTable
@@ -19,6 +19,9 @@ from pytest_ptdbg.judge.passing import passes
 from pytest_ptdbg.plugin.options import Settings, per_test
 from pytest_ptdbg.errors import PrecisionError
 from pytest_ptdbg.format.text import fmt_number
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_ptdbg.judge.finding import Finding
 
 __all__ = ["PrecisionError", "assert_precision", "evaluate", "Evaluation"]
 
@@ -42,7 +45,7 @@ class Evaluation:
     #: failing rows whose data could not be used (``_unusable``): no threshold passes them
     n_unusable: int = 0
     #: the judgement's root causes (rule ``judge``), ignored APIs left out
-    root_causes: List[Any] = field(default_factory=list)
+    root_causes: List["Finding"] = field(default_factory=list)
 
     @property
     def first_suspect(self) -> Any:
@@ -125,7 +128,7 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
     t = CompareTable.of(table)
     unusable_col = t[S.UNUSABLE]
     worst = _worst(table, ~ignored)
-    causes: List[Any] = []
+    causes: List["Finding"] = []
     if s.rule == "judge":
         failing, causes, judged = _judged_failing(cmp, table, ignored, unusable_col)
         unusable = failing & unusable_col
@@ -153,7 +156,7 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
                       root_causes=causes)
 
 
-def _judged_failing(cmp: Any, table: Any, ignored: Any, unusable: Any) -> Tuple[Any, List[Any], bool]:
+def _judged_failing(cmp: Any, table: Any, ignored: Any, unusable: Any) -> Tuple[Any, List["Finding"], bool]:
     """Under compare()'s judgement: ``(failing rows, root causes, judged)`` with the ignored
     APIs left out. Failing rows are the unusable ones and every row of a root-cause API;
     ``judged`` is False when the result carries no judgement (then nothing passes)."""
@@ -338,7 +341,7 @@ def failure_message(ev: Evaluation, result: Any) -> str:
         lines.append(f"precision check failed{who}: {len(ev.root_causes)} root cause(s) found by the "
                      f"judgement ({how})")
         for rc in ev.root_causes[:5]:
-            lines.append(f"  - {rc.api} [{getattr(rc.cause, 'value', rc.cause)}] {rc.detail}")
+            lines.append(f"  - {rc.api} [{rc.cause.value}] {rc.detail}")
     else:
         lines.append(f"precision check failed{who}: {ev.n_failed} tensor(s) out of tolerance under "
                      f"the {s.rule} rule")
