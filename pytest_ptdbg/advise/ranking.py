@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Dict, List, Optional, Union
 
@@ -97,35 +98,53 @@ def _uninitialised(family: str) -> bool:
     return sp is not None and sp.treatment == NJ.Treatment.UNINITIALISED
 
 
+def _as_root(s: Optional[Suspect], rc: Finding, t: CompareTable) -> Suspect:
+    """The suspect for root cause ``rc``: the advisor's suspect for that call (a new one when it
+    has none) with the judgement's kind, category and advice."""
+    cat = rc.category
+    if s is None:
+        s = _new_suspect(rc, t)
+    keep_category = not (s.kind == Kind.INHERITED or not s.category
+                         or rc.cause in (Cause.CHANGED_ARGUMENT, Cause.INPUTS_DIFFER))
+    return dataclasses.replace(
+        s, kind=_kind(rc), role=Role.ORIGIN, fault=str(cat),
+        # the table's view of it (inherited...) does not hold
+        category=s.category if keep_category else str(cat),
+        side=rc.side if rc.cause == Cause.UNPAIRED else s.side,
+        output_error=s.output_error if math.isnan(rc.own_error) else rc.own_error,
+        advice=advice_for_cause(rc, cat),
+        replay="own" if rc.cause in (Cause.OVER_BUDGET, Cause.NONFINITE) else s.replay)
+
+
+def _within_budget(s: Suspect, ratio: float) -> Suspect:
+    """An own suspect of the table that the replay finds within its own-error budget."""
+    amplifies = not math.isnan(s.growth) and s.growth >= MIN_GROWTH
+    return dataclasses.replace(
+        s, kind=Kind.INHERITED, role=Role.AMPLIFIER if amplifies else Role.NONE, replay="inherited",
+        advice=(f"Replayed from the device's own inputs it is within its own-error budget "
+                f"(x{ratio:.2g} of budget): the difference is "
+                + ("amplified from upstream (an ill-conditioned op or an update such as "
+                   "AdamW's first step g/|g|). " if amplifies else "inherited from upstream. ")
+                + "Fix the root cause before it."))
+
+
 def apply_judgement(advice: Advice, judgement: Optional[StepJudgement],
                     table: Union[pd.DataFrame, CompareTable]) -> Advice:
-    """Re-rank ``advice`` (in place) by ``judgement`` (see the module docstring); returns it."""
+    """Rank ``advice``'s suspects by ``judgement`` (see the module docstring): ``advice`` gets the
+    judgement and the new list of suspects (the advisor's own suspects are left as they were:
+    the ones the judgement relabels are copies); returns it."""
     advice.judgement = judgement
     if judgement is None:
         return advice
     old = list(advice.suspects)
     by_api: Dict[str, Suspect] = {s.api: s for s in old}
+    t = CompareTable.of(table)
     roots: List[Suspect] = []
     seen = set()
     for rc in judgement.root_causes:
-        if rc.api in seen:
-            continue
-        seen.add(rc.api)
-        s = by_api.get(rc.api)
-        cat = rc.category
-        if s is None:
-            s = _new_suspect(rc, CompareTable.of(table))
-        if s.kind == Kind.INHERITED or not s.category or rc.cause in (Cause.CHANGED_ARGUMENT,
-                                                                        Cause.INPUTS_DIFFER):
-            s.category = str(cat)  # the table's view of it (inherited...) does not hold
-        s.kind, s.role, s.fault = _kind(rc), Role.ORIGIN, cat
-        if rc.cause == Cause.UNPAIRED:
-            s.side = rc.side
-        if not math.isnan(rc.own_error):
-            s.output_error = rc.own_error
-        s.advice = advice_for_cause(rc, cat)
-        s.replay = "own" if rc.cause in (Cause.OVER_BUDGET, Cause.NONFINITE) else s.replay
-        roots.append(s)
+        if rc.api not in seen:
+            seen.add(rc.api)
+            roots.append(_as_root(by_api.get(rc.api), rc, t))
     verdicts = judgement.replay.by_api() if judgement.replay is not None else {}
     rest = []
     for s in old:
@@ -133,15 +152,7 @@ def apply_judgement(advice: Advice, judgement: Optional[StepJudgement],
             continue
         v = verdicts.get(s.api)
         if v is not None and str(v.status) == "within budget" and s.kind in (Kind.OWN, Kind.NONFINITE):
-            amplifies = not math.isnan(s.growth) and s.growth >= MIN_GROWTH
-            s.kind = Kind.INHERITED
-            s.role = Role.AMPLIFIER if amplifies else Role.NONE
-            s.replay = "inherited"
-            s.advice = (f"Replayed from the device's own inputs it is within its own-error budget "
-                        f"(x{v.ratio:.2g} of budget): the difference is "
-                        + ("amplified from upstream (an ill-conditioned op or an update such as "
-                           "AdamW's first step g/|g|). " if amplifies else "inherited from upstream. ")
-                        + "Fix the root cause before it.")
+            s = _within_budget(s, v.ratio)
         rest.append(s)
     own_rest = [s for s in rest if s.kind != Kind.INHERITED]
     inh_rest = [s for s in rest if s.kind == Kind.INHERITED]
