@@ -9,7 +9,7 @@ No torch, no pandas.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Tuple
 
 from pytest_ptdbg.format.text import TextEnum, fmt_error

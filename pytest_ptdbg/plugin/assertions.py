@@ -97,8 +97,6 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
     which assumes it was compared with the default thresholds of its table's rule); ignored rows
     count as passed, and the advisor is run again on what is left.
     """
-    import numpy as np
-
     from pytest_ptdbg.plugin.compat import advise_table
 
     cmp = getattr(result, "compare_result", result)
