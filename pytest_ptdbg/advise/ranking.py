@@ -27,6 +27,7 @@ from pytest_ptdbg.format.text import fmt_error
 from pytest_ptdbg.judge import not_judged as NJ
 from pytest_ptdbg.judge.finding import Cause, FaultCategory, Finding
 from pytest_ptdbg.judge.step import StepJudgement
+from pytest_ptdbg.judge.verdicts import Status
 
 __all__ = ["advice_for_cause", "apply_judgement"]
 
@@ -151,7 +152,7 @@ def apply_judgement(advice: Advice, judgement: Optional[StepJudgement],
         if s.api in seen or _uninitialised(s.family):
             continue
         v = verdicts.get(s.api)
-        if v is not None and str(v.status) == "within budget" and s.kind in (Kind.OWN, Kind.NONFINITE):
+        if v is not None and v.status == Status.WITHIN and s.kind in (Kind.OWN, Kind.NONFINITE):
             s = _within_budget(s, v.ratio)
         rest.append(s)
     own_rest = [s for s in rest if s.kind != Kind.INHERITED]

@@ -43,6 +43,7 @@ from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.comparison.stat_error import range_scaled
 from pytest_ptdbg.judge.finding import Cause, Evidence, Finding
 from pytest_ptdbg.judge.passing import passes
+from pytest_ptdbg.judge.verdicts import CallVerdict, DumpJudgement, Status
 
 __all__ = ["Cause", "Finding", "StepJudgement", "judge_step", "statistics_causes", "rescan_hint", "unusable_text",
            "STAT_FACTOR", "STAT_FLOOR_UNITS", "STAT_SIGNIFICANT"]
@@ -67,7 +68,7 @@ class StepJudgement:
     root_causes: List[Finding] = field(default_factory=list)
     unusable: List[str] = field(default_factory=list)
     #: the replay judgement of the device dump (None: no full tensors, or replay off)
-    replay: Any = None
+    replay: Optional[DumpJudgement] = None
     by_statistics: bool = False
     rescan: str = ""
     notes: List[str] = field(default_factory=list)
@@ -115,12 +116,13 @@ def _side(api: str, bench_api: str, npu_name: str) -> str:
 # ----------------------------------------------------------------------------------- judging
 
 
-def unusable_text(v: Any) -> str:
+def unusable_text(v: CallVerdict) -> str:
     """How a call the replay could not judge (``CallVerdict.unusable``) is listed as unusable."""
     return f"{v.api}: could not be judged ({v.reason})"
 
 
-def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str], replay: Any = None,
+def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str],
+               replay: Optional[DumpJudgement] = None,
                statistics: bool = True) -> StepJudgement:
     """The step's verdict (module docstring). ``replay``: the device dump's
     :class:`~pytest_ptdbg.judge.own_error.DumpJudgement` or None; ``statistics``: judge by
@@ -168,9 +170,9 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
     if replay is not None:
         for v in replay.verdicts:
             row = first_row.get(v.api, -1)
-            if getattr(v, "unusable", False):  # a malformed record, a replay out of memory, a memory bomb: not a pass
+            if v.unusable:  # a malformed record, a replay out of memory, a memory bomb: not a pass
                 bad_rows.append(unusable_text(v))
-            if str(v.status) == "root cause":
+            if v.status == Status.ROOT_CAUSE:
                 add(Finding(v.api, v.direction, Cause.NONFINITE if v.nonfinite else Cause.OVER_BUDGET,
                             Evidence.REPLAY, v.order, row, v.family, v.ratio, v.own_error, v.budget,
                             ctx=v.ctx, worst=v.worst, compute_dtype=v.compute_dtype,
@@ -195,7 +197,7 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
     elif replay is not None and statistics and n:
         # calls the replay could not judge (an API outside the allowlist, no call spec, no saved
         # tensors) are not passed unseen: their statistics judge them, as in a statistics compare
-        judged = {v.api for v in replay.verdicts if str(v.status) != "not judged"}
+        judged = {v.api for v in replay.verdicts if v.status != Status.NOT_JUDGED}
         for rc in statistics_causes(t):
             if rc.api not in judged:
                 add(dataclasses.replace(rc, replay_missed=True))

@@ -16,6 +16,7 @@ from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.comparison.stat_error import range_scaled
 from pytest_ptdbg.comparison.verdict import Thresholds
 from pytest_ptdbg.judge.passing import passes
+from pytest_ptdbg.judge.verdicts import Status
 from pytest_ptdbg.plugin.options import Settings, per_test
 from pytest_ptdbg.errors import PrecisionError
 from pytest_ptdbg.format.text import fmt_number
@@ -214,7 +215,7 @@ def _closest_to_budget(judgement: Any, left_out: set) -> Optional[Dict[str, Any]
     if replay is None:
         return None
     vs = [v for v in replay.verdicts if v.ratio == v.ratio and v.api not in left_out
-          and str(v.status) != "not judged"]
+          and v.status != Status.NOT_JUDGED]
     if not vs:
         return None
     v = max(vs, key=lambda v: v.ratio)
