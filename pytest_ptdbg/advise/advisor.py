@@ -45,6 +45,7 @@ from pytest_ptdbg.comparison import schema as S
 from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.comparison.stat_error import range_scaled
 from pytest_ptdbg.format.text import TextEnum, fmt_error, fmt_growth
+from pytest_ptdbg.judge.passing import passes
 
 #: Errors below this count as agreement when computing growth (about float32 resolution).
 NOISE_FLOOR = 1e-7
@@ -328,7 +329,7 @@ def decide(advice: Advice, passed: Optional[bool] = None) -> Decision:
         passed = advice.passed
     if passed is None:
         j = advice.judgement
-        passed = bool(j.passed) if j is not None else bool(advice.all_agree and not advice.n_unpaired)
+        passed = bool(j.passed) if j is not None else passes(checks=(advice.all_agree, not advice.n_unpaired))
     if passed:
         return Decision(True, None, [])
     roots = [s for s in advice.suspects if s.kind != Kind.INHERITED]
