@@ -101,7 +101,11 @@ def _timestamp() -> str:
 
 def judge_passed(table: pd.DataFrame, problems: List[str]) -> bool:
     """The compare's verdict: every row passes and nothing was unusable (``problems`` empty)."""
-    return not problems and (bool(table["_passed"].astype(bool).all()) if len(table) else True)
+    from pytest_ptdbg.comparison import schema as S
+    from pytest_ptdbg.comparison.schema import CompareTable
+    from pytest_ptdbg.judge.passing import passes
+
+    return passes(failing_rows=~CompareTable.of(table)[S.PASSED], problems=problems)
 
 
 def load_dump(source: DumpInput, side: str) -> reader.Dump:

@@ -65,6 +65,7 @@ def synthetic_table(apis: Sequence[Dict[str, Any]]) -> pd.DataFrame:
                     "_paired": paired, "_rel_l2": e if paired and not nan else math.nan,
                     "_nan_mismatch": nan and paired, "_npu_nonfinite": 1 if nan else 0,
                     "_bench_nonfinite": 0, "_passed": passed if paired else True,
+                    # the compare's defaults for a tensor row (no argument, not classified)
                     "_unusable": False, "_arg": "", "_arg_changed": False, "_code_path": "",
                 })
     return pd.DataFrame(rows)

@@ -15,11 +15,12 @@ from typing import Iterable, Optional, Sequence, Tuple
 from pytest_ptdbg.judge.not_judged import random_families
 from pytest_ptdbg.runtime.text import fmt_error, fmt_growth
 from pytest_ptdbg.runtime.dtypes import FLOATS, short_name
+from pytest_ptdbg.judge.finding import Cause
 
 # ---------------------------------------------------------------------------- categories
 
 NONFINITE = "NaN/Inf first appearing"
-UNPAIRED = "call on one side only"
+UNPAIRED = Cause.UNPAIRED.value            # the judgement's words, where they are the same
 OPTIMIZER = "optimizer update"
 COLLECTIVE = "collective communication"
 RANDOM = "random op"
@@ -28,7 +29,7 @@ LOW_PRECISION = "reduced-precision compute"
 NONDETERMINISTIC = "non-deterministic kernel"
 REDUCTION = "reduction or normalisation"
 INHERITED = "inherited error"
-INPUTS_DIFFER = "inputs differ at the start"
+INPUTS_DIFFER = Cause.INPUTS_DIFFER.value
 NEGLIGIBLE = "negligible difference"
 DISCONTINUOUS = "branch flip (discontinuous op)"
 COMPUTATION = "computation"

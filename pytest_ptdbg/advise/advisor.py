@@ -35,15 +35,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import pandas as pd
 
 from pytest_ptdbg.advise import advice_text as at
-from pytest_ptdbg.advise.columns import float_column, to_bool_array
-from pytest_ptdbg.comparison.schema import is_summary
+from pytest_ptdbg.comparison import schema as S
+from pytest_ptdbg.comparison.schema import CompareTable
+from pytest_ptdbg.comparison.stat_error import range_scaled
 from pytest_ptdbg.runtime.text import TextEnum, fmt_error, fmt_growth
+from pytest_ptdbg.judge.passing import passes
 
 #: Errors below this count as agreement when computing growth (about float32 resolution).
 NOISE_FLOOR = 1e-7
@@ -62,8 +64,6 @@ SIGNIFICANT_SUMMARY = 1e-5
 #: only flipped branches (role "sensitive").
 FLIP_FRACTION = 0.05
 
-REQUIRED_COLUMNS = ("_api", "_family", "_direction", "_io", "_order", "_paired", "_rel_l2",
-                    "_nan_mismatch", "_passed")
 PASS_FRACTION_NOTE = (
     'Note: "One Thousandth Err Ratio" and "Five Thousandths Err Ratio" in the CSV are pass '
     "fractions: the share of elements whose relative error is below 0.001 / 0.005 "
@@ -123,7 +123,7 @@ class Suspect:
     replay: str = ""
     #: a latent origin: the later call whose failure it explains
     explains: str = ""
-    #: the fault category of a root cause (``advise.ranking.FaultCategory``), "" otherwise
+    #: the fault category of a root cause (``judge.finding.FaultCategory``), "" otherwise
     fault: str = ""
 
     def __post_init__(self) -> None:
@@ -329,7 +329,7 @@ def decide(advice: Advice, passed: Optional[bool] = None) -> Decision:
         passed = advice.passed
     if passed is None:
         j = advice.judgement
-        passed = bool(j.passed) if j is not None else bool(advice.all_agree and not advice.n_unpaired)
+        passed = bool(j.passed) if j is not None else passes(checks=(advice.all_agree, not advice.n_unpaired))
     if passed:
         return Decision(True, None, [])
     roots = [s for s in advice.suspects if s.kind != Kind.INHERITED]
@@ -383,35 +383,26 @@ def _suspect_lines(i: int, s: Suspect) -> List[str]:
 
 # ------------------------------------------------------------------------------ row errors
 
-def row_errors(table: pd.DataFrame) -> np.ndarray:
+def row_errors(table: Union[pd.DataFrame, CompareTable]) -> np.ndarray:
     """Per-row error ``max(1 - cosine, _rel_l2)``; inf where NaN/Inf positions differ.
 
     Summary compare (statistics only) adds the largest of |max diff|, |min diff|, |mean diff|
-    divided by the bench's range ``max(|max|, |min|)``: a local change moves the extremes more
-    than the L2 norm.
+    divided by the bench's range ``max(|max|, |min|)`` (:mod:`~pytest_ptdbg.comparison.stat_error`):
+    a local change moves the extremes more than the L2 norm.
     An infinite ``_rel_l2`` (bench all zero, NPU not) counts as 1.0.
     Unpaired rows get NaN. A compared row with neither measure (shape mismatch, empty) gets 1.0
     when it fails the verdict and 0.0 when it passes.
     """
-    n = len(table)
-    if "Cosine" in table.columns:
-        cos = pd.to_numeric(table["Cosine"], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
-        e_cos = np.clip(1.0 - cos, 0.0, None)
-    else:
-        e_cos = np.full(n, np.nan)
-    rel = float_column(table, "_rel_l2")
+    t = CompareTable.of(table)
+    e_cos = np.clip(1.0 - t.floats(S.COSINE), 0.0, None)   # NaN in a summary compare
+    rel = t[S.REL_L2]
     rel = np.where(np.isinf(rel), 1.0, np.abs(rel))  # inf: the bench is all zero, the NPU not
     with np.errstate(invalid="ignore", divide="ignore"):
         err = np.fmax(e_cos, rel)
-        if is_summary(table):  # summary compare: also the statistics, against the range
-            scale = np.fmax(np.abs(float_column(table, "Bench max")), np.abs(float_column(table, "Bench min")))
-            diffs = np.fmax(np.fmax(np.abs(float_column(table, "Max diff")), np.abs(float_column(table, "Min diff"))),
-                            np.abs(float_column(table, "Mean diff")))
-            by_range = np.where(scale > 0, diffs / scale, np.where(diffs > 0, 1.0, 0.0))
+        if t.summary:  # summary compare: also the statistics, against the range
+            by_range = range_scaled(t.summary_difference(), t.value_range("bench"))
             err = np.fmax(err, np.where(np.isfinite(by_range), by_range, np.nan))
-    passed = to_bool_array(table["_passed"], True)
-    paired = to_bool_array(table["_paired"], False)
-    nanm = to_bool_array(table["_nan_mismatch"], False)
+    passed, paired, nanm = t[S.PASSED], t[S.PAIRED], t[S.NAN_MISMATCH]
     missing = np.isnan(err)
     err = np.where(missing & ~passed, 1.0, np.where(missing, 0.0, err))
     err = np.where(nanm, np.inf, err)
@@ -452,35 +443,12 @@ class _ApiView:
     bench_dtypes: tuple = ()
 
 
-def _check(table: pd.DataFrame) -> None:
-    if not isinstance(table, pd.DataFrame):
-        raise TypeError(f"advise() needs the compare table (a pandas DataFrame), got {type(table).__name__}")
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
-    if missing:
-        raise ValueError(f"compare table lacks column(s) {missing}; see docs/DESIGN.md")
-
-
-def _api_views(table: pd.DataFrame, err: np.ndarray) -> List[_ApiView]:
-    n = len(table)
-    apis = table["_api"].astype(str).to_numpy()
-    npu_names = (table["NPU Name"].fillna("").astype(str).to_numpy() if "NPU Name" in table.columns
-                 else np.array(["x"] * n, dtype=object))
-    paired = to_bool_array(table["_paired"], False)
-    passed = to_bool_array(table["_passed"], True)
-    nanm = to_bool_array(table["_nan_mismatch"], False)
-    io = table["_io"].astype(str).to_numpy()
-    fam = table["_family"].astype(str).to_numpy()
-    direction = table["_direction"].astype(str).to_numpy()
-    order = pd.to_numeric(table["_order"], errors="coerce").fillna(-1).to_numpy()
-    ctx = (table["_ctx"].fillna("").astype(str).to_numpy() if "_ctx" in table.columns
-           else np.array([""] * n, dtype=object))
-    stack = (table["_stack"].to_numpy() if "_stack" in table.columns
-             else np.array([None] * n, dtype=object))
-
-    def text_col(name: str) -> Optional[np.ndarray]:
-        return table[name].fillna("").astype(str).to_numpy() if name in table.columns else None
-
-    ndt, bdt = text_col("NPU Tensor Dtype"), text_col("Bench Tensor Dtype")
+def _api_views(t: CompareTable, err: np.ndarray) -> List[_ApiView]:
+    n = len(t)
+    apis, npu_names, paired, passed = t[S.API], t[S.NPU_NAME], t[S.PAIRED], t[S.PASSED]
+    nanm, io, fam, direction = t[S.NAN_MISMATCH], t[S.IO], t[S.FAMILY], t[S.DIRECTION]
+    order, ctx, stack = t[S.ORDER], t[S.CTX], t[S.STACK]
+    ndt, bdt = t[S.NPU_DTYPE], t[S.BENCH_DTYPE]
 
     views: Dict[str, _ApiView] = {}
     for i in range(n):
@@ -491,21 +459,20 @@ def _api_views(table: pd.DataFrame, err: np.ndarray) -> List[_ApiView]:
             st = stack[i]
             v = views[key] = _ApiView(
                 key=key, api=apis[i], family=fam[i], direction=direction[i], order=int(order[i]),
-                ctx=ctx[i] if ctx[i] not in ("nan", "None") else "",
+                ctx=ctx[i],
                 stack=st if isinstance(st, (list, tuple)) else None, first_row=i, paired=False,
                 side="NPU" if npu_side else "bench")
         if v.stack is None and isinstance(stack[i], (list, tuple)):
             v.stack = stack[i]
-        if ndt is not None:
-            if ndt[i] and ndt[i] not in v.npu_dtypes:
-                v.npu_dtypes += (ndt[i],)
-            if bdt[i] and bdt[i] not in v.bench_dtypes:
-                v.bench_dtypes += (bdt[i],)
+        if ndt[i] and ndt[i] not in v.npu_dtypes:
+            v.npu_dtypes += (ndt[i],)
+        if bdt[i] and bdt[i] not in v.bench_dtypes:
+            v.bench_dtypes += (bdt[i],)
         if not paired[i]:
             continue
         v.paired = True
         e = err[i]
-        if io[i] == "output":
+        if io[i] == S.OUTPUT:
             if v.err_row < 0 or e > v.out_err:
                 v.err_row = i
             v.out_err = max(v.out_err, e)
@@ -523,7 +490,7 @@ def _api_views(table: pd.DataFrame, err: np.ndarray) -> List[_ApiView]:
             v.in_nan = v.in_nan or bool(nanm[i])
     # backward formulas read the forward tensors of the same call
     for v in views.values():
-        if v.direction == "backward":
+        if v.direction == S.BACKWARD:
             fw = views.get(_counterpart(v.api) or "")
             if fw is not None and fw.paired:
                 v.in_err = max(v.in_err, fw.in_err, fw.out_err)
@@ -531,12 +498,13 @@ def _api_views(table: pd.DataFrame, err: np.ndarray) -> List[_ApiView]:
     return sorted(views.values(), key=lambda v: (v.order, v.first_row))
 
 
-def _flip_fraction(table: pd.DataFrame, row: int) -> float:
-    """Share of the row's elements off by more than 0.1% (1 - pass fraction); NaN when unknown."""
-    if row < 0 or "One Thousandth Err Ratio" not in table.columns:
+def _flip_fraction(t: CompareTable, row: int) -> float:
+    """Share of the row's elements off by more than 0.1% (1 - pass fraction); NaN when unknown
+    (a summary compare has no pass fractions)."""
+    if row < 0:
         return math.nan
-    v = pd.to_numeric(pd.Series([table.at[row, "One Thousandth Err Ratio"]]), errors="coerce").iloc[0]
-    return 1.0 - float(v) if v == v else math.nan
+    v = float(t.floats(S.ONE_THOUSANDTH)[row])
+    return 1.0 - v if v == v else math.nan
 
 
 def _growth(out_err: float, in_err: float) -> float:
@@ -545,20 +513,19 @@ def _growth(out_err: float, in_err: float) -> float:
     return out_err / max(in_err, NOISE_FLOOR)
 
 
-def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) -> Advice:
+def advise(table: Union[pd.DataFrame, CompareTable], top: int = 5, min_growth: float = MIN_GROWTH) -> Advice:
     """Find the APIs that are the root cause of the differences in a compare table.
 
     ``top`` caps the ranked root-cause suspects and, separately, the inherited ones listed.
     ``min_growth``: how many times its input error an output error must be to count as the
-    API's own. Needs the underscore columns of docs/DESIGN.md; raises ValueError naming the
-    missing ones.
+    API's own. ``table``: a compare table (a DataFrame is validated:
+    :class:`~pytest_ptdbg.comparison.schema.TableSchemaError`, a ValueError, names the missing
+    columns).
     """
-    _check(table)
-    table = table.reset_index(drop=True)
-    err = row_errors(table)
-    views = _api_views(table, err)
-    passed = to_bool_array(table["_passed"], True)
-    paired = to_bool_array(table["_paired"], False)
+    t = CompareTable.of(table)
+    err = row_errors(t)
+    views = _api_views(t, err)
+    passed, paired = t[S.PASSED], t[S.PAIRED]
 
     nonfinite: List[_ApiView] = []
     own: List[_ApiView] = []
@@ -582,7 +549,7 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
 
     # failures whose error is below what counts as significant: the rule is stricter than the
     # noise (or, in a summary compare, a statistic near zero has a large relative difference)
-    significant = SIGNIFICANT_SUMMARY if is_summary(table) else SIGNIFICANT
+    significant = SIGNIFICANT_SUMMARY if t.summary else SIGNIFICANT
     negligible = [v for v in inherited if not v.in_nan and v.out_err < significant]
     neg_ids = {id(v) for v in negligible}
     inherited = [v for v in inherited if id(v) not in neg_ids]
@@ -628,7 +595,7 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
     for v in own:
         if (roles.get(id(v)) == Role.ORIGIN and v.in_err > 0
                 and at.categorize(v.family, "own", v.ctx) == at.DISCONTINUOUS
-                and _flip_fraction(table, v.fail_row) < FLIP_FRACTION):
+                and _flip_fraction(t, v.fail_row) < FLIP_FRACTION):
             roles[id(v)] = Role.SENSITIVE
     origins = by_growth([v for v in own if roles.get(id(v)) == Role.ORIGIN] + latent
                         ) + by_growth([v for v in own if roles.get(id(v)) == Role.SENSITIVE])
@@ -641,7 +608,7 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
 
     kinds = {id(v): Kind.NONFINITE for v in nonfinite}
     kinds.update({id(v): Kind.OWN for v in own + latent})
-    suspects = [_suspect(table, v, kinds.get(id(v), Kind.UNPAIRED), role=roles.get(id(v), Role.NONE),
+    suspects = [_suspect(t, v, kinds.get(id(v), Kind.UNPAIRED), role=roles.get(id(v), Role.NONE),
                          explains=explains.get(id(v), "")) for v in ranked]
     n_start = 0
     for j, v in enumerate(inherited[:top]):
@@ -651,25 +618,25 @@ def advise(table: pd.DataFrame, top: int = 5, min_growth: float = MIN_GROWTH) ->
         # start (the data, the weights or the random state): a root cause of its own kind
         start = j == 0 and not before
         n_start += start
-        suspects.append(_suspect(table, v, Kind.INPUTS if start else Kind.INHERITED, upstream=up,
+        suspects.append(_suspect(t, v, Kind.INPUTS if start else Kind.INHERITED, upstream=up,
                                  start=start))
-    suspects += [_suspect(table, v, Kind.INHERITED, role=Role.NEGLIGIBLE,
-                          summary=is_summary(table)) for v in negligible[:top]]
+    suspects += [_suspect(t, v, Kind.INHERITED, role=Role.NEGLIGIBLE,
+                          summary=t.summary) for v in negligible[:top]]
     left = top - len(ranked)
-    suspects += [_suspect(table, v, Kind.UNPAIRED) for v in late_unp[:max(left, 0)]]
+    suspects += [_suspect(t, v, Kind.UNPAIRED) for v in late_unp[:max(left, 0)]]
 
     n_failed = int((~passed & paired).sum())
     any_nan = any(v.out_nan for v in views)
     return Advice(
         suspects=suspects,
         all_agree=n_failed == 0 and not any_nan and bool(paired.any()),
-        n_rows=len(table), n_compared=int(paired.sum()), n_failed=n_failed,
+        n_rows=len(t), n_compared=int(paired.sum()), n_failed=n_failed,
         n_inherited=len(inherited) + len(negligible) - n_start, n_unpaired=len(unpaired),
         n_root_causes=len(nonfinite) + len(origins) + len(amplifiers) + len(unpaired) + n_start,
     )
 
 
-def _suspect(table: pd.DataFrame, v: _ApiView, kind: Kind, upstream: str = "",
+def _suspect(t: CompareTable, v: _ApiView, kind: Kind, upstream: str = "",
              start: bool = False, role: Role = Role.NONE, summary: bool = False,
              explains: str = "") -> Suspect:
     row = {"nonfinite": v.nan_row, "own": v.fail_row if v.fail_row >= 0 else v.err_row,
@@ -683,9 +650,9 @@ def _suspect(table: pd.DataFrame, v: _ApiView, kind: Kind, upstream: str = "",
         cat = at.NEGLIGIBLE
     adv = at.advice_for(at.AdviceFacts(cat, str(kind), v.family, v.direction, v.in_err, v.out_err, g,
                                        v.npu_dtypes, v.bench_dtypes, side=v.side, upstream=upstream,
-                                       role=str(role), flip=_flip_fraction(table, row), api=v.api,
+                                       role=str(role), flip=_flip_fraction(t, row), api=v.api,
                                        explains=explains, summary=summary))
-    msg = str(table.at[row, "Err_message"]) if "Err_message" in table.columns and row >= 0 else ""
+    msg = str(t[S.ERR_MESSAGE][row]) if row >= 0 else ""
     if kind == "own" and ("shape" in msg.lower() or "unmatched" in msg.lower()):
         adv = f"The shapes differ from the bench ({msg}): a different code path or API semantics. " + adv
     return Suspect(

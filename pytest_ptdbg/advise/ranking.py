@@ -4,7 +4,7 @@
 :class:`~pytest_ptdbg.advise.advisor.Advice`:
 
 1. every root cause, earliest in execution order first, as a suspect with its fault category
-   (:class:`FaultCategory`) and advice saying what to try;
+   (:attr:`~pytest_ptdbg.judge.finding.Finding.category`) and advice saying what to try;
 2. then the advisor's other suspects, labelled: a call the table called "own" that the replay
    finds within its own-error budget is an *amplifier* (it grows a difference it received, e.g.
    AdamW's first step g/|g|, an ill-conditioned op) or *inherited*; calls not judged keep their
@@ -13,56 +13,27 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import pandas as pd
 
 from pytest_ptdbg.advise import advice_text as at
+from pytest_ptdbg.comparison import schema as S
+from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.advise.advisor import MIN_GROWTH, Advice, Kind, Role, Suspect
-from pytest_ptdbg.runtime.text import TextEnum, fmt_error
+from pytest_ptdbg.runtime.text import fmt_error
 from pytest_ptdbg.judge import not_judged as NJ
-from pytest_ptdbg.judge.step import Cause, RootCause, StepJudgement
+from pytest_ptdbg.judge.finding import Cause, FaultCategory, Finding
+from pytest_ptdbg.judge.step import StepJudgement
+from pytest_ptdbg.judge.verdicts import Status
 
-__all__ = ["FaultCategory", "fault_category", "advice_for_cause", "apply_judgement"]
-
-
-class FaultCategory(TextEnum):
-    """What kind of fault a root cause is, and so what to try."""
-
-    REDUCED_PRECISION = "reduced-precision kernel"
-    CHANGED_ARGUMENT = "changed argument"
-    NONFINITE_ORIGIN = "NaN/Inf origin"
-    WRONG_FORMULA = "wrong formula"
-    CODE_PATH = "code path differs"
-    BY_STATISTICS = "own error by statistics"
-    INPUTS_DIFFER = "inputs differ at the start"
+__all__ = ["advice_for_cause", "apply_judgement"]
 
 
-_LOW = ("bfloat16", "float16")
-
-
-def fault_category(rc: RootCause) -> FaultCategory:
-    """The category of a root cause (from its cause and, for own errors, its compute dtype and
-    whether the device's result matches a lower-precision replay)."""
-    if rc.cause == Cause.CHANGED_ARGUMENT:
-        return FaultCategory.CHANGED_ARGUMENT
-    if rc.cause == Cause.NONFINITE:
-        return FaultCategory.NONFINITE_ORIGIN
-    if rc.cause in (Cause.ONE_SIDED, Cause.UNPAIRED):
-        return FaultCategory.CODE_PATH
-    if rc.cause == Cause.STATISTICS:
-        return FaultCategory.BY_STATISTICS
-    if rc.cause == Cause.INPUTS_DIFFER:
-        return FaultCategory.INPUTS_DIFFER
-    if any(d in rc.detail for d in ("matches a torch.bfloat16", "matches a torch.float16")) or \
-            any(f"({d}" in rc.detail or f"torch.{d};" in rc.detail for d in _LOW):
-        return FaultCategory.REDUCED_PRECISION
-    return FaultCategory.WRONG_FORMULA
-
-
-def advice_for_cause(rc: RootCause, category: FaultCategory) -> str:
-    """What happened and what to try, for one root cause."""
+def advice_for_cause(rc: Finding, category: FaultCategory) -> str:
+    """What happened and what to try, for one root cause (``category``: :attr:`Finding.category`)."""
     op = at.op_name(rc.family) if rc.family else rc.api
     key = rc.api
     where = "its produced gradients" if rc.direction == "backward" else "its outputs"
@@ -78,10 +49,10 @@ def advice_for_cause(rc: RootCause, category: FaultCategory) -> str:
                 "by zero where a correct one does not. Compute it in float32, subtract the max "
                 "before exp, clamp or add an eps before log/sqrt/division. " + replay)
     if category == FaultCategory.INPUTS_DIFFER:
-        return f"{at.INPUTS_DIFFER_ADVICE} (Here {rc.detail.split(' before ')[0]}.)"
+        return f"{at.INPUTS_DIFFER_ADVICE} (Here {rc.inputs_text}.)"
     if category == FaultCategory.CODE_PATH:
         side = at.side_word(rc.side)
-        why = rc.detail.split(": ", 1)[-1] if rc.detail.startswith("only on the ") else rc.detail
+        why = rc.why if rc.cause == Cause.ONE_SIDED else rc.detail
         return (f"This call runs only on the {side} side ({why}): another code path, an "
                 "extra cast or op. If it lowers precision (a cast to float16/bfloat16, a hand-written "
                 "softmax without the max subtraction), make both sides run the same code, or keep "
@@ -103,7 +74,7 @@ def advice_for_cause(rc: RootCause, category: FaultCategory) -> str:
             "Check the implementation against the bench's. " + replay)
 
 
-def _kind(rc: RootCause) -> Kind:
+def _kind(rc: Finding) -> Kind:
     if rc.cause == Cause.NONFINITE:
         return Kind.NONFINITE
     if rc.cause in (Cause.ONE_SIDED, Cause.UNPAIRED):
@@ -113,14 +84,8 @@ def _kind(rc: RootCause) -> Kind:
     return Kind.OWN
 
 
-def _row_value(table: pd.DataFrame, row: int, col: str) -> Any:
-    if row < 0 or row >= len(table) or col not in table.columns:
-        return None
-    return table.iloc[row][col]
-
-
-def _new_suspect(rc: RootCause, table: pd.DataFrame) -> Suspect:
-    stack = _row_value(table, rc.row, "_stack")
+def _new_suspect(rc: Finding, t: CompareTable) -> Suspect:
+    stack = t.objects(S.STACK)[rc.row] if 0 <= rc.row < len(t) else None
     frames = at.as_frames(stack) or None
     return Suspect(api=rc.api, direction=rc.direction, kind=_kind(rc), csv_line=rc.row + 2 if rc.row >= 0 else 0,
                    stack=frames, input_error=math.nan, output_error=rc.own_error, growth=math.nan,
@@ -134,50 +99,61 @@ def _uninitialised(family: str) -> bool:
     return sp is not None and sp.treatment == NJ.Treatment.UNINITIALISED
 
 
-def apply_judgement(advice: Advice, judgement: Optional[StepJudgement], table: pd.DataFrame) -> Advice:
-    """Re-rank ``advice`` (in place) by ``judgement`` (see the module docstring); returns it."""
+def _as_root(s: Optional[Suspect], rc: Finding, t: CompareTable) -> Suspect:
+    """The suspect for root cause ``rc``: the advisor's suspect for that call (a new one when it
+    has none) with the judgement's kind, category and advice."""
+    cat = rc.category
+    if s is None:
+        s = _new_suspect(rc, t)
+    keep_category = not (s.kind == Kind.INHERITED or not s.category
+                         or rc.cause in (Cause.CHANGED_ARGUMENT, Cause.INPUTS_DIFFER))
+    return dataclasses.replace(
+        s, kind=_kind(rc), role=Role.ORIGIN, fault=str(cat),
+        # the table's view of it (inherited...) does not hold
+        category=s.category if keep_category else str(cat),
+        side=rc.side if rc.cause == Cause.UNPAIRED else s.side,
+        output_error=s.output_error if math.isnan(rc.own_error) else rc.own_error,
+        advice=advice_for_cause(rc, cat),
+        replay="own" if rc.cause in (Cause.OVER_BUDGET, Cause.NONFINITE) else s.replay)
+
+
+def _within_budget(s: Suspect, ratio: float) -> Suspect:
+    """An own suspect of the table that the replay finds within its own-error budget."""
+    amplifies = not math.isnan(s.growth) and s.growth >= MIN_GROWTH
+    return dataclasses.replace(
+        s, kind=Kind.INHERITED, role=Role.AMPLIFIER if amplifies else Role.NONE, replay="inherited",
+        advice=(f"Replayed from the device's own inputs it is within its own-error budget "
+                f"(x{ratio:.2g} of budget): the difference is "
+                + ("amplified from upstream (an ill-conditioned op or an update such as "
+                   "AdamW's first step g/|g|). " if amplifies else "inherited from upstream. ")
+                + "Fix the root cause before it."))
+
+
+def apply_judgement(advice: Advice, judgement: Optional[StepJudgement],
+                    table: Union[pd.DataFrame, CompareTable]) -> Advice:
+    """Rank ``advice``'s suspects by ``judgement`` (see the module docstring): ``advice`` gets the
+    judgement and the new list of suspects (the advisor's own suspects are left as they were:
+    the ones the judgement relabels are copies); returns it."""
     advice.judgement = judgement
     if judgement is None:
         return advice
     old = list(advice.suspects)
     by_api: Dict[str, Suspect] = {s.api: s for s in old}
+    t = CompareTable.of(table)
     roots: List[Suspect] = []
     seen = set()
     for rc in judgement.root_causes:
-        if rc.api in seen:
-            continue
-        seen.add(rc.api)
-        s = by_api.get(rc.api)
-        cat = fault_category(rc)
-        if s is None:
-            s = _new_suspect(rc, table)
-        if s.kind == Kind.INHERITED or not s.category or rc.cause in (Cause.CHANGED_ARGUMENT,
-                                                                        Cause.INPUTS_DIFFER):
-            s.category = str(cat)  # the table's view of it (inherited...) does not hold
-        s.kind, s.role, s.fault = _kind(rc), Role.ORIGIN, cat
-        if rc.cause == Cause.UNPAIRED:
-            s.side = rc.side
-        if not math.isnan(rc.own_error):
-            s.output_error = rc.own_error
-        s.advice = advice_for_cause(rc, cat)
-        s.replay = "own" if rc.cause in (Cause.OVER_BUDGET, Cause.NONFINITE) else s.replay
-        roots.append(s)
+        if rc.api not in seen:
+            seen.add(rc.api)
+            roots.append(_as_root(by_api.get(rc.api), rc, t))
     verdicts = judgement.replay.by_api() if judgement.replay is not None else {}
     rest = []
     for s in old:
         if s.api in seen or _uninitialised(s.family):
             continue
         v = verdicts.get(s.api)
-        if v is not None and str(v.status) == "within budget" and s.kind in (Kind.OWN, Kind.NONFINITE):
-            amplifies = not math.isnan(s.growth) and s.growth >= MIN_GROWTH
-            s.kind = Kind.INHERITED
-            s.role = Role.AMPLIFIER if amplifies else Role.NONE
-            s.replay = "inherited"
-            s.advice = (f"Replayed from the device's own inputs it is within its own-error budget "
-                        f"(x{v.ratio:.2g} of budget): the difference is "
-                        + ("amplified from upstream (an ill-conditioned op or an update such as "
-                           "AdamW's first step g/|g|). " if amplifies else "inherited from upstream. ")
-                        + "Fix the root cause before it.")
+        if v is not None and v.status == Status.WITHIN and s.kind in (Kind.OWN, Kind.NONFINITE):
+            s = _within_budget(s, v.ratio)
         rest.append(s)
     own_rest = [s for s in rest if s.kind != Kind.INHERITED]
     inh_rest = [s for s in rest if s.kind == Kind.INHERITED]

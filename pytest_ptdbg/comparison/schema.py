@@ -241,6 +241,35 @@ class CompareTable:
         sub.attrs.update(self.frame.attrs)
         return CompareTable(sub, require=[])
 
+    # ------------------------------------------------------------------ statistics
+    def stats(self, side: str) -> np.ndarray:
+        """``side``'s (``"npu"`` or ``"bench"``) statistics ``[max, min, mean, l2norm]`` as an
+        ``(n, 4)`` float64 array (NaN where unknown)."""
+        cols = {"npu": NPU_STAT_COLUMNS, "bench": BENCH_STAT_COLUMNS}[side]
+        return np.stack([self.floats(c) for c in cols], axis=1) if len(self) else np.zeros((0, 4))
+
+    def value_range(self, side: str, *, finite_only: bool = False) -> np.ndarray:
+        """``side``'s range ``max(|max|, |min|)`` per row (:func:`.stat_error.value_range`)."""
+        from pytest_ptdbg.comparison.stat_error import value_range
+
+        st = self.stats(side)
+        return value_range(st[:, 0], st[:, 1], finite_only=finite_only)
+
+    def stat_difference(self) -> np.ndarray:
+        """The largest of the ``|max|``, ``|min|``, ``|mean|`` differences NPU - bench per row,
+        from the statistics columns (:func:`.stat_error.largest_difference`)."""
+        from pytest_ptdbg.comparison.stat_error import largest_difference
+
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = self.stats("npu") - self.stats("bench")
+        return largest_difference(d[:, 0], d[:, 1], d[:, 2])
+
+    def summary_difference(self) -> np.ndarray:
+        """The same from a summary compare's ``... diff`` columns (all NaN in a full compare)."""
+        from pytest_ptdbg.comparison.stat_error import largest_difference
+
+        return largest_difference(self.floats(MAX_DIFF), self.floats(MIN_DIFF), self.floats(MEAN_DIFF))
+
     # ------------------------------------------------------------------ writes
     def set(self, col: Column, mask: np.ndarray, value: Any) -> None:
         """Set ``col`` to ``value`` on the rows of boolean ``mask`` (in place)."""

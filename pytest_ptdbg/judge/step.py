@@ -14,34 +14,38 @@ A step fails (:func:`judge_step`) iff
     (:func:`pytest_ptdbg.judge.own_error.judge_dump`); and a NaN/Inf the bench does not have
     that no earlier root cause explains (a NaN run's first input): its first tensor;
   - ``CHANGED_ARGUMENT``: a non-tensor argument differs (the table's ``_arg_changed`` rows, whose
-    ``Err_message`` names both values; without that column, the judge's own comparison of the two
-    recorded calls);
+    ``Err_message`` names both values), or a dtype argument lowers the call's precision (the
+    replay's ``lowered_precision``);
   - ``ONE_SIDED``: a value-changing call on one side only (``_code_path == "value-changing"``);
-    a call on one side only that nobody classified is ``UNPAIRED`` (and its rows are unusable).
-    Without the ``_code_path`` column, an NPU-side call whose every output equals one of its
-    inputs value for value (the replay judgement's ``passes_through``: a cast that loses nothing,
-    a copy) is bookkeeping;
+    a call on one side only that the compare stage did not classify as bookkeeping is
+    ``UNPAIRED`` (its rows are unusable);
   - ``STATISTICS``: with no full tensors to replay, an API whose statistics differ from the bench
     far more than its inputs' do and than its dtype's rounding explains (:func:`statistics_causes`;
     localisation is weaker, and the judgement says how to re-dump the suspects in full).
 
-Root causes are ranked in execution order (the earliest first). The table's ``_arg_changed`` and
-``_code_path`` columns are read defensively: a table without them is judged without them.
+Root causes are ranked in execution order (the earliest first). The table is read through
+:class:`~pytest_ptdbg.comparison.schema.CompareTable` (validated once: every column is there).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
 
-from pytest_ptdbg.runtime.text import TextEnum, fmt_error
+from pytest_ptdbg.comparison import schema as S
+from pytest_ptdbg.comparison.schema import CompareTable
+from pytest_ptdbg.comparison.stat_error import range_scaled
+from pytest_ptdbg.judge.finding import Cause, Evidence, Finding
+from pytest_ptdbg.judge.passing import passes
+from pytest_ptdbg.judge.verdicts import CallVerdict, DumpJudgement, Status
 
-__all__ = ["Cause", "RootCause", "StepJudgement", "judge_step", "statistics_causes", "rescan_hint", "unusable_text",
+__all__ = ["Cause", "Finding", "StepJudgement", "judge_step", "statistics_causes", "rescan_hint", "unusable_text",
            "STAT_FACTOR", "STAT_FLOOR_UNITS", "STAT_SIGNIFICANT"]
 
 #: statistics-only: an output's statistic error must exceed this many times its inputs' ...
@@ -56,59 +60,21 @@ INPUTS_AGREE = 1e-5
 STAT_SIGNIFICANT = 1e-2
 
 
-class Cause(TextEnum):
-    """Why a call is a root cause."""
-
-    OVER_BUDGET = "own error over budget"
-    NONFINITE = "NaN/Inf origin"
-    CHANGED_ARGUMENT = "changed argument"
-    ONE_SIDED = "value-changing call on one side only"
-    UNPAIRED = "call on one side only"
-    STATISTICS = "own error by statistics"
-    INPUTS_DIFFER = "inputs differ at the start"
-
-
-@dataclass
-class RootCause:
-    """One root cause of a failing step."""
-
-    api: str                 # API key with direction (``Functional_softmax_1_forward``)
-    direction: str
-    cause: Cause
-    detail: str
-    order: int = 0
-    row: int = -1            # first table row of the call (-1: none)
-    family: str = ""
-    ratio: float = math.nan  # own error / budget (replay) or growth (statistics)
-    own_error: float = math.nan
-    budget: float = math.nan
-    side: str = "NPU"        # "NPU" or "bench" (one-sided calls)
-    ctx: str = ""
-
-    def to_dict(self) -> Dict[str, Any]:
-        d = {k: getattr(self, k) for k in ("api", "direction", "detail", "order", "row", "family", "side", "ctx")}
-        d["cause"] = self.cause.value
-        for k in ("ratio", "own_error", "budget"):
-            v = getattr(self, k)
-            d[k] = None if v is None or not math.isfinite(v) else float(v)
-        return d
-
-
 @dataclass
 class StepJudgement:
     """The verdict of one compared step and what it rests on."""
 
     passed: bool
-    root_causes: List[RootCause] = field(default_factory=list)
+    root_causes: List[Finding] = field(default_factory=list)
     unusable: List[str] = field(default_factory=list)
     #: the replay judgement of the device dump (None: no full tensors, or replay off)
-    replay: Any = None
+    replay: Optional[DumpJudgement] = None
     by_statistics: bool = False
     rescan: str = ""
     notes: List[str] = field(default_factory=list)
 
     @property
-    def first(self) -> Optional[RootCause]:
+    def first(self) -> Optional[Finding]:
         return self.root_causes[0] if self.root_causes else None
 
     def text(self) -> str:
@@ -140,35 +106,7 @@ class StepJudgement:
                 "replay": self.replay.to_dict() if self.replay is not None else None}
 
 
-# ----------------------------------------------------------------------------------- columns
-
-
-def _col(table: pd.DataFrame, name: str, default: Any) -> np.ndarray:
-    if name in table.columns:
-        return table[name].to_numpy()
-    return np.array([default] * len(table), dtype=object)
-
-
-def _bool(v: Any) -> bool:
-    if isinstance(v, (bool, np.bool_)):
-        return bool(v)
-    if isinstance(v, str):
-        return v.strip().lower() in ("true", "1", "yes")
-    try:
-        return bool(v) and not (isinstance(v, float) and math.isnan(v))
-    except (TypeError, ValueError):
-        return False
-
-
-def _num(table: pd.DataFrame, name: str) -> np.ndarray:
-    if name not in table.columns:
-        return np.full(len(table), np.nan)
-    return pd.to_numeric(table[name], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
-
-
-def _side_word(side: str) -> str:
-    """``"device"`` for ptdbg's ``"NPU"`` side (the device under test, whatever it is), else the side."""
-    return "device" if side == "NPU" else side
+# ----------------------------------------------------------------------------------- sides
 
 
 def _side(api: str, bench_api: str, npu_name: str) -> str:
@@ -178,48 +116,37 @@ def _side(api: str, bench_api: str, npu_name: str) -> str:
 # ----------------------------------------------------------------------------------- judging
 
 
-def unusable_text(v: Any) -> str:
+def unusable_text(v: CallVerdict) -> str:
     """How a call the replay could not judge (``CallVerdict.unusable``) is listed as unusable."""
     return f"{v.api}: could not be judged ({v.reason})"
 
 
-def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
+def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str],
+               replay: Optional[DumpJudgement] = None,
                statistics: bool = True) -> StepJudgement:
     """The step's verdict (module docstring). ``replay``: the device dump's
     :class:`~pytest_ptdbg.judge.own_error.DumpJudgement` or None; ``statistics``: judge by
     statistics when there is no replay judgement."""
-    n = len(table)
-    apis = _col(table, "_api", "").astype(str)
-    direction = _col(table, "_direction", "").astype(str)
-    order = pd.to_numeric(pd.Series(_col(table, "_order", -1)), errors="coerce").fillna(-1).to_numpy()
-    family = _col(table, "_family", "").astype(str)
-    paired = np.array([_bool(x) for x in _col(table, "_paired", True)], dtype=bool)
-    unusable = np.array([_bool(x) for x in _col(table, "_unusable", False)], dtype=bool)
-    arg_changed = np.array([_bool(x) for x in _col(table, "_arg_changed", False)], dtype=bool)
-    code_path = np.array(["" if x is None or (isinstance(x, float) and math.isnan(x)) else str(x)
-                          for x in _col(table, "_code_path", "")], dtype=object)
-    has_code_path = "_code_path" in table.columns
-    has_arg_col = "_arg_changed" in table.columns
-    msg = _col(table, "Err_message", "").astype(str)
-    npu_name = _col(table, "NPU Name", "").astype(str)
-    ctx = _col(table, "_ctx", "").astype(str)
+    t = CompareTable.of(table)
+    n = len(t)
+    apis, direction, family, ctx = t[S.API], t[S.DIRECTION], t[S.FAMILY], t[S.CTX]
+    order, paired, unusable, arg_changed = t[S.ORDER], t[S.PAIRED], t[S.UNUSABLE], t[S.ARG_CHANGED]
+    code_path, msg, npu_name = t[S.CODE_PATH], t[S.ERR_MESSAGE], t[S.NPU_NAME]
 
-    verdicts = replay.by_api() if replay is not None else {}
-    stat_through = _stats_pass_through(table) if replay is None and not has_code_path else set()
     first_row: Dict[str, int] = {}
     for i in range(n):
         first_row.setdefault(apis[i], i)
-    causes: Dict[str, RootCause] = {}
+    causes: Dict[str, Finding] = {}
 
-    def add(rc: RootCause) -> None:
+    def add(rc: Finding) -> None:
         if rc.api not in causes:
             causes[rc.api] = rc
 
     bad_rows: List[str] = []
     for i in range(n):
         if arg_changed[i]:
-            add(RootCause(apis[i], direction[i], Cause.CHANGED_ARGUMENT, msg[i] or "a non-tensor argument differs",
-                          int(order[i]), first_row.get(apis[i], i), family[i], ctx=ctx[i]))
+            add(Finding(apis[i], direction[i], Cause.CHANGED_ARGUMENT, Evidence.TABLE, int(order[i]),
+                        first_row.get(apis[i], i), family[i], ctx=ctx[i], changes=(msg[i],) if msg[i] else ()))
             continue
         if paired[i]:
             if unusable[i]:
@@ -227,119 +154,104 @@ def judge_step(table: pd.DataFrame, problems: Sequence[str], replay: Any = None,
             continue
         cp = code_path[i].strip().lower()
         side = _side(apis[i], "", npu_name[i])
-        if not has_code_path and side == "NPU":
-            # nobody classified it: the replay's view of the device's own call decides
-            v = verdicts.get(apis[i])
-            if (v is not None and v.passes_through) or apis[i] in stat_through:
-                cp = "bookkeeping"
         if cp == "bookkeeping":
             continue
         if cp == "value-changing":
+            # the compare stage writes code_path.classify's reason after the pairing's message
             why = msg[i].split("; ", 1)[-1] if "value-changing" in msg[i] else "it changes values"
-            add(RootCause(apis[i], direction[i], Cause.ONE_SIDED, f"only on the {_side_word(side)} side: {why}",
-                          int(order[i]), first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i]))
+            add(Finding(apis[i], direction[i], Cause.ONE_SIDED, Evidence.TABLE, int(order[i]),
+                        first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i], why=why))
             continue
-        if unusable[i] or not has_code_path:
-            add(RootCause(apis[i], direction[i], Cause.UNPAIRED, f"only on the {_side_word(side)} side"
-                          + ("" if has_code_path else " (not classified)"),
-                          int(order[i]), first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i]))
+        if unusable[i]:
+            add(Finding(apis[i], direction[i], Cause.UNPAIRED, Evidence.TABLE, int(order[i]),
+                        first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i]))
             bad_rows.append(f"CSV line {i + 2}: {apis[i]}: {msg[i] or 'on one side only'}")
 
     if replay is not None:
         for v in replay.verdicts:
             row = first_row.get(v.api, -1)
-            if getattr(v, "unusable", False):  # a malformed record, a replay out of memory, a memory bomb: not a pass
+            if v.unusable:  # a malformed record, a replay out of memory, a memory bomb: not a pass
                 bad_rows.append(unusable_text(v))
-            if str(v.status) == "root cause":
-                add(RootCause(v.api, v.direction, Cause.NONFINITE if v.nonfinite else Cause.OVER_BUDGET,
-                              v.text().split(": ", 1)[-1], v.order, row, v.family, v.ratio, v.own_error,
-                              v.budget, ctx=v.ctx))
-            # the compare stage's argument rows replace this comparison, except for dtype
+            if v.status == Status.ROOT_CAUSE:
+                add(Finding(v.api, v.direction, Cause.NONFINITE if v.nonfinite else Cause.OVER_BUDGET,
+                            Evidence.REPLAY, v.order, row, v.family, v.ratio, v.own_error, v.budget,
+                            ctx=v.ctx, worst=v.worst, compute_dtype=v.compute_dtype,
+                            matches_dtype=v.matches_dtype))
+            # the compare stage's argument rows are the changed arguments, except for dtype
             # arguments: it lists those as following the run's precision, the judge knows when a
             # dtype lowers the call's precision below anything computed before
-            changed = v.changed_args if not has_arg_col else list(getattr(v, "lowered_precision", []) or [])
+            changed = list(v.lowered_precision)
             if changed:
-                add(RootCause(v.api, v.direction, Cause.CHANGED_ARGUMENT, "; ".join(changed),
-                              v.order, row, v.family, ctx=v.ctx))
-    first_in = _inputs_differ(table)
+                add(Finding(v.api, v.direction, Cause.CHANGED_ARGUMENT, Evidence.REPLAY, v.order, row,
+                            v.family, ctx=v.ctx, changes=tuple(changed)))
+    first_in = _inputs_differ(t)
     if first_in is not None:
         i, e = first_in
-        add(RootCause(apis[i], direction[i], Cause.INPUTS_DIFFER,
-                      f"its input {_col(table, '_index', '')[i]} differs from the bench's by "
-                      f"{fmt_error(e)} before any recorded call differed: the data, the initial weights or "
-                      "the random state differ between the runs", int(order[i]), i, family[i], ctx=ctx[i]))
+        add(Finding(apis[i], direction[i], Cause.INPUTS_DIFFER, Evidence.TABLE, int(order[i]), i, family[i],
+                    ctx=ctx[i], tensor=t[S.INDEX][i], input_error=e))
     by_stats = False
     if replay is None and statistics and n:
         by_stats = True
-        for rc in statistics_causes(table):
+        for rc in statistics_causes(t):
             add(rc)
     elif replay is not None and statistics and n:
         # calls the replay could not judge (an API outside the allowlist, no call spec, no saved
         # tensors) are not passed unseen: their statistics judge them, as in a statistics compare
-        judged = {v.api for v in replay.verdicts if str(v.status) != "not judged"}
-        for rc in statistics_causes(table):
+        judged = {v.api for v in replay.verdicts if v.status != Status.NOT_JUDGED}
+        for rc in statistics_causes(t):
             if rc.api not in judged:
-                rc.detail = f"{rc.detail} (judged from statistics: the replay could not judge this call)"
-                add(rc)
+                add(dataclasses.replace(rc, replay_missed=True))
 
-    nf = _unmatched_nonfinite(table, paired)
+    nf = _unmatched_nonfinite(t)
     if nf is not None and not any(0 <= rc.row <= nf for rc in causes.values()):
         # a NaN/Inf the bench does not have and that no call before it explains (every statistic
         # NaN from the step's first input on): the first such tensor is where it shows, and it fails
-        add(RootCause(apis[nf], direction[nf], Cause.NONFINITE,
-                      f"{npu_name[nf]} has NaN/Inf the bench's does not, and no recorded call before it "
-                      "produced one (it came in with the step's inputs, weights or an unrecorded call)",
-                      int(order[nf]), nf, family[nf], math.inf, ctx=ctx[nf]))
+        add(Finding(apis[nf], direction[nf], Cause.NONFINITE, Evidence.TABLE, int(order[nf]), nf, family[nf],
+                    math.inf, ctx=ctx[nf], tensor=npu_name[nf]))
 
-    def key(rc: RootCause) -> tuple:
+    def key(rc: Finding) -> tuple:
         row = rc.row if rc.row >= 0 else first_row.get(rc.api, n)
         return (row, rc.side != "NPU")
 
     ranked = sorted(causes.values(), key=key)
     listed = set(problems)   # compare() lists the replay's unusable calls among its problems too
     unusable_all = list(problems) + [b for b in bad_rows if b not in listed]
-    j = StepJudgement(not ranked and not unusable_all, ranked, unusable_all, replay, by_stats)
+    j = StepJudgement(passes(root_causes=ranked, unusable=unusable_all), ranked, unusable_all, replay, by_stats)
     if by_stats and ranked:
         j.rescan = rescan_hint([r.api for r in ranked if r.side == "NPU"][:5])
     return j
 
 
-def _unmatched_nonfinite(table: pd.DataFrame, paired: np.ndarray) -> Optional[int]:
+def _unmatched_nonfinite(t: CompareTable) -> Optional[int]:
     """The first paired row whose NPU tensor has NaN/Inf (counted, or in its statistics) where the
     bench's has none; None when there is none."""
-    if not len(table) or "_npu_nonfinite" not in table.columns:
+    if not len(t):
         return None
-    nn = np.nan_to_num(_num(table, "_npu_nonfinite"), nan=0.0)
-    bn = np.nan_to_num(_num(table, "_bench_nonfinite"), nan=0.0)
-    hit = np.flatnonzero(paired & (nn > 0) & (bn <= 0))
+    nn = np.nan_to_num(t.floats(S.NPU_NONFINITE), nan=0.0)
+    bn = np.nan_to_num(t.floats(S.BENCH_NONFINITE), nan=0.0)
+    hit = np.flatnonzero(t[S.PAIRED] & (nn > 0) & (bn <= 0))
     return int(hit[0]) if len(hit) else None
 
 
 @np.errstate(invalid="ignore", over="ignore", divide="ignore")  # NaN/Inf statistics are data here
-def _inputs_differ(table: pd.DataFrame) -> Optional[tuple]:
+def _inputs_differ(t: CompareTable) -> Optional[tuple]:
     """``(row, error)`` of the first input row (execution order) that differs from the bench's by
     more than :data:`INPUTS_DIFFER` (and 4 roundings of its dtype) while every row before it
     agrees to :data:`INPUTS_AGREE`; None when there is none, or when a call of the not-judged
     table (uninitialised, random) differed first (relative L2 of full tensors, else statistics)."""
     from pytest_ptdbg.judge import not_judged as NJ
 
-    n = len(table)
+    n = len(t)
     if not n:
         return None
-    rel = np.abs(_num(table, "_rel_l2"))
+    rel = np.abs(t[S.REL_L2])
     rel = np.where(np.isinf(rel), 1.0, rel)
-    rng = np.fmax(np.abs(_num(table, "Bench max")), np.abs(_num(table, "Bench min")))
-    diffs = np.fmax(np.fmax(np.abs(_num(table, "NPU max") - _num(table, "Bench max")),
-                            np.abs(_num(table, "NPU min") - _num(table, "Bench min"))),
-                    np.abs(_num(table, "NPU mean") - _num(table, "Bench mean")))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        by_stats = np.where(rng > 0, diffs / rng, np.where(diffs > 0, 1.0, 0.0))
-    err = np.where(np.isnan(rel), by_stats, rel)
-    err = _zero_tensors_at_data_scale(table, err, rel, rng, diffs)
-    paired = np.array([_bool(x) for x in _col(table, "_paired", True)], dtype=bool)
-    io = _col(table, "_io", "").astype(str)
-    family = _col(table, "_family", "").astype(str)
-    dts = [str(a) + "|" + str(b) for a, b in zip(_col(table, "NPU Tensor Dtype", ""), _col(table, "Bench Tensor Dtype", ""))]
+    rng = t.value_range("bench")
+    diffs = t.stat_difference()
+    err = np.where(np.isnan(rel), range_scaled(diffs, rng), rel)
+    err = _zero_tensors_at_data_scale(t, err, rel, rng, diffs)
+    paired, io, family = t[S.PAIRED], t[S.IO], t[S.FAMILY]
+    dts = [a + "|" + b for a, b in zip(t[S.NPU_DTYPE], t[S.BENCH_DTYPE])]
     for i in range(n):
         if not paired[i]:
             continue
@@ -370,29 +282,25 @@ def _numel(shape: Any) -> float:
         return math.nan
 
 
-def _zero_tensors_at_data_scale(table: pd.DataFrame, err: np.ndarray, rel: np.ndarray, rng: np.ndarray,
+def _zero_tensors_at_data_scale(t: CompareTable, err: np.ndarray, rel: np.ndarray, rng: np.ndarray,
                                 diffs: np.ndarray) -> np.ndarray:
     """``err`` with the rows of tensors that are zero on a side (a zero-initialised bias) judged
     at the scale of their call's data instead of relative to zero: the difference over the
     largest RMS (full tensors; range, statistics only) among the call's other floating tensor
     inputs, or over :data:`ZERO_FLOOR` when it has none. Other rows are unchanged."""
-    n = len(table)
-    b_l2, n_l2 = np.abs(_num(table, "Bench l2norm")), np.abs(_num(table, "NPU l2norm"))
-    n_rng = np.fmax(np.abs(_num(table, "NPU max")), np.abs(_num(table, "NPU min")))
+    b_l2, n_l2 = np.abs(t.floats(S.BENCH_L2NORM)), np.abs(t.floats(S.NPU_L2NORM))
+    n_rng = t.value_range("npu")
     zero = ((b_l2 == 0) | (n_l2 == 0) | (rng == 0) | (n_rng == 0)) & (err > 0)
     if not zero.any():
         return err
-    apis = _col(table, "_api", "").astype(str)
-    io = _col(table, "_io", "").astype(str)
-    arg = _col(table, "_arg", "").astype(str)
-    dts = _col(table, "Bench Tensor Dtype", "").astype(str)
-    numel = np.array([_numel(x) for x in _col(table, "Bench Tensor Shape", None)])
-    data = (io == "input") & np.isin(arg, ("", "nan")) & np.array(["float" in d for d in dts]) & (numel > 0)
+    apis, io, arg, dts = t[S.API], t[S.IO], t[S.ARG], t[S.BENCH_DTYPE]
+    numel = np.array([_numel(x) for x in t[S.BENCH_SHAPE]])
+    data = (io == S.INPUT) & np.isin(arg, ("", "nan")) & np.array(["float" in d for d in dts], dtype=bool) & (numel > 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         rms = np.where(data, b_l2 / np.sqrt(numel), np.nan)
     scale_rms: Dict[str, float] = {}
     scale_rng: Dict[str, float] = {}
-    for i in range(n):
+    for i in range(len(t)):
         if data[i]:
             if np.isfinite(rms[i]) and rms[i] > 0:
                 scale_rms[apis[i]] = max(scale_rms.get(apis[i], 0.0), float(rms[i]))
@@ -407,43 +315,6 @@ def _zero_tensors_at_data_scale(table: pd.DataFrame, err: np.ndarray, rel: np.nd
         elif np.isnan(rel[i]) and np.isfinite(diffs[i]):
             out[i] = float(diffs[i]) / max(float(rng[i]) if np.isfinite(rng[i]) else 0.0,
                                            scale_rng.get(apis[i], ZERO_FLOOR))
-    return out
-
-
-def _stats_pass_through(table: pd.DataFrame) -> set:
-    """NPU-side one-sided calls whose every output has the statistics (max, min, mean, norm) of one
-    of its inputs: forward exactly (to float32's rounding of the statistics themselves: a cast to a
-    lower precision changes them), backward within two roundings of the output's dtype at its
-    range (the gradient of a lossless cast is the incoming gradient in the input's dtype): the
-    statistics-only stand-in for the replay judgement's ``passes_through``."""
-    if not len(table) or "NPU max" not in table.columns:
-        return set()
-    apis = table["_api"].astype(str).to_numpy()
-    io = _col(table, "_io", "").astype(str)
-    paired = np.array([_bool(x) for x in _col(table, "_paired", True)], dtype=bool)
-    names = _col(table, "NPU Name", "").astype(str)
-    dts = _col(table, "NPU Tensor Dtype", "").astype(str)
-    direction = _col(table, "_direction", "").astype(str)
-    st = np.stack([_num(table, f"NPU {k}") for k in ("max", "min", "mean", "l2norm")], axis=1)
-    groups: Dict[str, Dict[str, list]] = {}
-    for i in range(len(table)):
-        if paired[i] or not names[i] or names[i].lower() == "nan":
-            continue
-        groups.setdefault(apis[i], {"input": [], "output": []})[io[i] if io[i] == "output" else "input"].append(i)
-    out = set()
-    for api, g in groups.items():
-        if not g["output"] or not g["input"]:
-            continue
-
-        def same(o: int) -> bool:
-            scale = max(abs(st[o][0]), abs(st[o][1])) if np.isfinite(st[o][:2]).all() else 0.0
-            u = _unit(dts[o]) if direction[o] == "backward" else _unit("torch.float32")
-            tol = 2 * u * np.fmax(np.abs(st[o]), scale) + 1e-30
-            with np.errstate(invalid="ignore"):
-                return any(bool(np.all((np.abs(st[j] - st[o]) <= tol) | (st[j] == st[o]))) for j in g["input"])
-
-        if all(same(o) for o in g["output"]):
-            out.add(api)
     return out
 
 
@@ -476,8 +347,8 @@ def _unit(dtype: str) -> float:
 
 
 @np.errstate(invalid="ignore", over="ignore", divide="ignore")  # NaN/Inf statistics are data here
-def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
-                      floor_units: float = STAT_FLOOR_UNITS, significant: float = STAT_SIGNIFICANT) -> List[RootCause]:
+def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = STAT_FACTOR,
+                      floor_units: float = STAT_FLOOR_UNITS, significant: float = STAT_SIGNIFICANT) -> List[Finding]:
     """Root causes from statistics alone (summary compare, or a compare without replay).
 
     A tensor's error is the largest of its |max|, |min|, |mean| differences over a scale (and, in
@@ -496,32 +367,24 @@ def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
     """
     from pytest_ptdbg.judge import not_judged as NJ
 
-    n = len(table)
+    t = CompareTable.of(table)
+    n = len(t)
     if not n:
         return []
-    apis = table["_api"].astype(str).to_numpy()
-    io = _col(table, "_io", "").astype(str)
-    direction = _col(table, "_direction", "").astype(str)
-    order = pd.to_numeric(pd.Series(_col(table, "_order", -1)), errors="coerce").fillna(-1).to_numpy()
-    family = _col(table, "_family", "").astype(str)
-    paired = np.array([_bool(x) for x in _col(table, "_paired", True)], dtype=bool)
-    ctx = _col(table, "_ctx", "").astype(str)
-    rng = np.fmax(np.abs(_num(table, "Bench max")), np.abs(_num(table, "Bench min")))
-    npu_rng = np.fmax(np.abs(_num(table, "NPU max")), np.abs(_num(table, "NPU min")))
-    diffs = np.fmax(np.fmax(np.abs(_num(table, "Max diff")), np.abs(_num(table, "Min diff"))),
-                    np.abs(_num(table, "Mean diff")))
+    apis, io, direction, family, ctx = t[S.API], t[S.IO], t[S.DIRECTION], t[S.FAMILY], t[S.CTX]
+    order, paired = t[S.ORDER], t[S.PAIRED]
+    rng, npu_rng = t.value_range("bench"), t.value_range("npu")
+    diffs = t.summary_difference()
     if np.isnan(diffs).all():  # a full-compare table: the statistics differences from the stat columns
-        diffs = np.fmax(np.fmax(np.abs(_num(table, "NPU max") - _num(table, "Bench max")),
-                                np.abs(_num(table, "NPU min") - _num(table, "Bench min"))),
-                        np.abs(_num(table, "NPU mean") - _num(table, "Bench mean")))
+        diffs = t.stat_difference()
     finite = np.isfinite(diffs) & np.isfinite(rng) & np.isfinite(npu_rng)
     # a full-compare table also has the tensors' own L2 difference (‖n − b‖ = rel_l2 x ‖b‖)
-    rel = np.abs(_num(table, "_rel_l2"))
-    b_l2 = np.abs(_num(table, "Bench l2norm"))
-    l2diff = np.where(np.isinf(rel), np.abs(_num(table, "NPU l2norm")), rel * b_l2)
-    nn = _num(table, "_npu_nonfinite")
-    bn = _num(table, "_bench_nonfinite")
-    dts = [str(a) + "|" + str(b) for a, b in zip(_col(table, "NPU Tensor Dtype", ""), _col(table, "Bench Tensor Dtype", ""))]
+    rel = np.abs(t[S.REL_L2])
+    b_l2 = np.abs(t.floats(S.BENCH_L2NORM))
+    l2diff = np.where(np.isinf(rel), np.abs(t.floats(S.NPU_L2NORM)), rel * b_l2)
+    nn = t.floats(S.NPU_NONFINITE)
+    bn = t.floats(S.BENCH_NONFINITE)
+    dts = [a + "|" + b for a, b in zip(t[S.NPU_DTYPE], t[S.BENCH_DTYPE])]
 
     per: Dict[str, Dict[str, Any]] = {}
     for i in range(n):
@@ -545,16 +408,16 @@ def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
                 v["ins"] = v["ins"] + f["ins"] + f["outs"]
                 v["nan_in"] = v["nan_in"] or f["nan_in"] or f["nan_out"]
                 v["unknown"] = v["unknown"] or f["unknown"] or any(not finite[j] for j in f["outs"])
-    out: List[RootCause] = []
+    out: List[Finding] = []
     for api, v in per.items():
         i = v["row"]
         sp = NJ.special_of(family[i])
         if sp is not None and sp.treatment != NJ.Treatment.TIES:
             continue
-        optimizer = ctx[i] == "optimizer"
+        optimizer = ctx[i] == S.OPTIMIZER
         if v["nan_out"] and not v["nan_in"]:
-            out.append(RootCause(api, direction[i], Cause.NONFINITE, "NaN/Inf appears here (statistics)",
-                                 int(order[i]), i, family[i], math.inf, ctx=ctx[i]))
+            out.append(Finding(api, direction[i], Cause.NONFINITE, Evidence.STATISTICS, int(order[i]), i,
+                               family[i], math.inf, ctx=ctx[i]))
             continue
         if v["unknown"] or not v["outs"] or optimizer:
             continue
@@ -564,19 +427,16 @@ def statistics_causes(table: pd.DataFrame, factor: float = STAT_FACTOR,
             def err(j: int, scale: float, l2scale: float) -> float:
                 if not finite[j]:
                     return 0.0
-                s_ = max(float(rng[j]), scale)
-                e = float(diffs[j]) / s_ if s_ > 0 else (1.0 if diffs[j] > 0 else 0.0)
+                e = float(range_scaled(diffs[j], max(float(rng[j]), scale)))
                 if np.isfinite(l2diff[j]):
                     n_ = max(float(b_l2[j]) if np.isfinite(b_l2[j]) else 0.0, l2scale)
-                    e = max(e, float(l2diff[j]) / n_ if n_ > 0 else (1.0 if l2diff[j] > 0 else 0.0))
+                    e = max(e, float(range_scaled(l2diff[j], n_)))
                 return e
 
             e_in = max([err(j, 0.0, 0.0) for j in v["ins"]] or [0.0])
             e_out = max(err(j, in_scale, in_l2) for j in v["outs"])
         bound = max(factor * e_in, floor_units * v["u"], significant)
         if e_out > bound:
-            out.append(RootCause(api, direction[i], Cause.STATISTICS,
-                                 f"statistics off by {fmt_error(e_out)} of their scale with inputs off by "
-                                 f"{fmt_error(e_in)} (bound {fmt_error(bound)})",
-                                 int(order[i]), i, family[i], e_out / bound, e_out, bound, ctx=ctx[i]))
+            out.append(Finding(api, direction[i], Cause.STATISTICS, Evidence.STATISTICS, int(order[i]), i,
+                               family[i], e_out / bound, e_out, bound, ctx=ctx[i], input_error=e_in))
     return out

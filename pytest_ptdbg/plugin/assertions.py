@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from pytest_ptdbg.comparison.schema import is_summary
+from pytest_ptdbg.comparison import schema as S
+from pytest_ptdbg.comparison.schema import CompareTable
+from pytest_ptdbg.comparison.stat_error import range_scaled
 from pytest_ptdbg.comparison.verdict import Thresholds
+from pytest_ptdbg.judge.passing import passes
+from pytest_ptdbg.judge.verdicts import Status
 from pytest_ptdbg.plugin.options import Settings, per_test
 from pytest_ptdbg.errors import PrecisionError
 from pytest_ptdbg.runtime.text import fmt_number
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_ptdbg.judge.finding import Finding
 
 __all__ = ["PrecisionError", "assert_precision", "evaluate", "Evaluation"]
 
@@ -39,7 +46,7 @@ class Evaluation:
     #: failing rows whose data could not be used (``_unusable``): no threshold passes them
     n_unusable: int = 0
     #: the judgement's root causes (rule ``judge``), ignored APIs left out
-    root_causes: List[Any] = field(default_factory=list)
+    root_causes: List["Finding"] = field(default_factory=list)
 
     @property
     def first_suspect(self) -> Any:
@@ -58,21 +65,26 @@ def _to_float(value: Any) -> float:
 def _ignored_mask(table: Any, settings: Settings) -> Any:
     import numpy as np
 
-    n = len(table)
+    t = CompareTable.of(table)
+    n = len(t)
     mask = np.zeros(n, dtype=bool)
     if not n:
         return mask
-    names = (table["_api"].astype(str) + " " + table.get("_family", table["_api"]).astype(str)
-             ).str.lower()
+    names = [f"{a} {f}".lower() for a, f in zip(t[S.API], t[S.FAMILY])]
+
+    def matching(pat: Any) -> Any:
+        p = str(pat).lower()
+        return np.array([p in x for x in names], dtype=bool)
+
     for pat in settings.ignore:
-        mask |= names.str.contains(str(pat).lower(), regex=False).to_numpy()
+        mask |= matching(pat)
     if settings.only:
         keep = np.zeros(n, dtype=bool)
         for pat in settings.only:
-            keep |= names.str.contains(str(pat).lower(), regex=False).to_numpy()
+            keep |= matching(pat)
         mask |= ~keep
-    if settings.ignore_optimizer and "_ctx" in table.columns:
-        mask |= (table["_ctx"].astype(str) == "optimizer").to_numpy()
+    if settings.ignore_optimizer:
+        mask |= t[S.CTX] == S.OPTIMIZER
     return mask
 
 
@@ -86,8 +98,6 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
     which assumes it was compared with the default thresholds of its table's rule); ignored rows
     count as passed, and the advisor is run again on what is left.
     """
-    import numpy as np
-
     from pytest_ptdbg.plugin.compat import advise_table
 
     cmp = getattr(result, "compare_result", result)
@@ -109,27 +119,26 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
     if rejudge or ignored.any():
         table = table.copy()
         if ignored.any():
-            table.loc[ignored, "_passed"] = True
-            if "Accuracy Reached or Not" in table.columns:
-                table.loc[ignored, "Accuracy Reached or Not"] = ""
+            t = CompareTable(table)
+            t.set(S.PASSED, ignored, True)
+            t.set(S.ACCURACY, ignored, "")
         advice = advise_table(table, advice)
     problems = list(getattr(cmp, "problems", []) or [])   # unusable data: never a pass
-    unusable_col = (table["_unusable"].fillna(False).astype(bool).to_numpy()
-                    if "_unusable" in table.columns else np.zeros(len(table), bool))
+    t = CompareTable.of(table)
+    unusable_col = t[S.UNUSABLE]
     worst = _worst(table, ~ignored)
-    causes: List[Any] = []
+    causes: List["Finding"] = []
     if s.rule == "judge":
         failing, causes, judged = _judged_failing(cmp, table, ignored, unusable_col)
         unusable = failing & unusable_col
         needed: Dict[str, float] = {}
-        passed = judged and not failing.any() and not causes and not problems
+        passed = passes(root_causes=causes, failing_rows=failing, problems=problems, checks=[judged])
     else:
-        passed_col = table["_passed"].astype(bool).to_numpy() if len(table) else np.ones(0, bool)
-        failing = ~passed_col
+        failing = ~t[S.PASSED]
         unusable = failing & unusable_col
         # thresholds that would pass: only when every failure is a threshold matter
-        needed = _needed(table[failing], s) if failing.any() and not unusable.any() and not problems else {}
-        passed = not failing.any() and not problems
+        needed = _needed(t.rows(failing), s) if failing.any() and not unusable.any() and not problems else {}
+        passed = passes(failing_rows=failing, problems=problems)
     if advice is not None and advice.passed != passed:
         import dataclasses
 
@@ -146,7 +155,7 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
                       root_causes=causes)
 
 
-def _judged_failing(cmp: Any, table: Any, ignored: Any, unusable: Any) -> Tuple[Any, List[Any], bool]:
+def _judged_failing(cmp: Any, table: Any, ignored: Any, unusable: Any) -> Tuple[Any, List["Finding"], bool]:
     """Under compare()'s judgement: ``(failing rows, root causes, judged)`` with the ignored
     APIs left out. Failing rows are the unusable ones and every row of a root-cause API;
     ``judged`` is False when the result carries no judgement (then nothing passes)."""
@@ -155,7 +164,7 @@ def _judged_failing(cmp: Any, table: Any, ignored: Any, unusable: Any) -> Tuple[
     judgement = getattr(cmp, "judgement", None)
     if judgement is None:
         return np.ones(len(table), bool), [], False
-    apis = table["_api"].astype(str).to_numpy() if len(table) else np.array([], dtype=object)
+    apis = CompareTable.of(table)[S.API]
     left_out = set(apis[ignored]) - set(apis[~ignored])
     causes = [rc for rc in judgement.root_causes if str(rc.api) not in left_out]
     cause_apis = {str(rc.api) for rc in causes}
@@ -175,7 +184,7 @@ def _rejudge(cmp: Any, s: Settings) -> Any:
 
     table, undecided = rejudge_table(cmp.table, s.rule, to_thresholds(s))
     if not undecided:
-        passed = bool(table["_passed"].all()) and not getattr(cmp, "problems", None)
+        passed = passes(failing_rows=~CompareTable.of(table)[S.PASSED], problems=getattr(cmp, "problems", None) or [])
         return dataclasses.replace(cmp, table=table, passed=passed)
     params = getattr(cmp, "input_param", None)
     if params:
@@ -195,7 +204,7 @@ def ignored_apis(table: Any, ignored: Any) -> set:
     """The APIs every row of which ``ignored`` leaves out."""
     if not len(table) or not ignored.any():
         return set()
-    apis = table["_api"].astype(str).to_numpy()
+    apis = CompareTable.of(table)[S.API]
     return set(apis[ignored]) - set(apis[~ignored])
 
 
@@ -206,7 +215,7 @@ def _closest_to_budget(judgement: Any, left_out: set) -> Optional[Dict[str, Any]
     if replay is None:
         return None
     vs = [v for v in replay.verdicts if v.ratio == v.ratio and v.api not in left_out
-          and str(v.status) != "not judged"]
+          and v.status != Status.NOT_JUDGED]
     if not vs:
         return None
     v = max(vs, key=lambda v: v.ratio)
@@ -223,69 +232,60 @@ def _worst(table: Any, considered: Any) -> Optional[Dict[str, Any]]:
 
     from pytest_ptdbg.advise.advisor import row_errors
 
-    if not len(table):
+    t = CompareTable.of(table)
+    if not len(t):
         return None
-    err = row_errors(table)
+    err = row_errors(t)
     err = np.where(considered, err, np.nan)
     if np.all(np.isnan(err)) or not np.nanmax(err) > 1e-12:  # equal up to rounding noise
         return None
     i = int(np.nanargmax(err))
-    row = table.iloc[i]
-    out: Dict[str, Any] = {"api": str(row["_api"]), "tensor": str(row.get("NPU Name", ""))}
-    for col, key in (("Cosine", "cosine"), ("MaxAbsErr", "max_abs_err"), ("_rel_l2", "rel_l2")):
-        if col in table.columns:
-            v = _to_float(row[col])
+    out: Dict[str, Any] = {"api": str(t[S.API][i]), "tensor": str(t[S.NPU_NAME][i])}
+    for col, key in ((S.COSINE, "cosine"), (S.MAX_ABS_ERR, "max_abs_err"), (S.REL_L2, "rel_l2")):
+        if t.has(col):   # the metric columns: a full compare only
+            v = float(t.floats(col)[i])
             out[key] = None if math.isnan(v) else v
     return out
 
 
-def _col(table: Any, name: str) -> List[float]:
-    if name not in table.columns:
-        return []
-    return [_to_float(v) for v in table[name]]
-
-
-def _max(values: List[float]) -> Optional[float]:
-    vals = [v for v in values if not math.isnan(v)]
+def _max(values: Any) -> Optional[float]:
+    vals = [float(v) for v in values if not math.isnan(v)]
     return max(vals) if vals else None
 
 
-def _stat_rel(failing: Any, scale_by_range: bool) -> List[float]:
-    """Per failing row: the largest |npu stat - bench stat| / scale over max, min, mean, l2norm."""
-    out = []
-    stats = ("max", "min", "mean", "l2norm")
-    for _, row in failing.iterrows():
-        n = [_to_float(row.get(f"NPU {k}")) for k in stats]
-        b = [_to_float(row.get(f"Bench {k}")) for k in stats]
-        span = max((abs(v) for v in b[:2] if math.isfinite(v)), default=0.0)
-        worst = math.nan
-        for k, (x, y) in enumerate(zip(n, b)):
-            if not (math.isfinite(x) and math.isfinite(y)):
-                continue
-            scale = (span if k < 3 else abs(y)) if scale_by_range else abs(y)
-            rel = abs(x - y) / scale if scale else (0.0 if x == y else math.inf)
-            worst = rel if math.isnan(worst) else max(worst, rel)
-        out.append(worst)
-    return out
+def _stat_rel(failing: CompareTable, scale_by_range: bool) -> Any:
+    """Per failing row: the largest |npu stat - bench stat| / scale over max, min, mean, l2norm
+    (the tolerance that passes it: ``inf`` when the bench's is zero and the device's not; NaN when
+    no statistic is finite on both sides). The scale is the bench's ``|stat|``, or with
+    ``scale_by_range`` its finite range for max, min and mean (:mod:`~pytest_ptdbg.comparison.stat_error`)."""
+    import numpy as np
+
+    n, b = failing.stats("npu"), failing.stats("bench")
+    with np.errstate(invalid="ignore", over="ignore"):
+        fin = np.isfinite(n) & np.isfinite(b)
+        scale = np.abs(b)
+        if scale_by_range:
+            scale[:, :3] = failing.value_range("bench", finite_only=True)[:, None]
+        rel = np.where(fin, range_scaled(np.abs(n - b), scale, when_zero=math.inf), np.nan)
+    return np.fmax.reduce(rel, axis=1) if len(rel) else rel[:, 0]
 
 
-def _needed(failing: Any, s: Settings) -> Dict[str, float]:
+def _needed(failing: CompareTable, s: Settings) -> Dict[str, float]:
     """Threshold values with which every failing row would have passed (a sufficient set, for
     the message: rows failing on NaN/Inf or shape cannot pass by any tolerance)."""
     from pytest_ptdbg.plugin.compat import effective_thresholds
 
     th = effective_thresholds(s)
-    if "_nan_mismatch" in failing.columns:
-        failing = failing[~failing["_nan_mismatch"].astype(bool)]
+    failing = failing.rows(~failing[S.NAN_MISMATCH])
     if not len(failing):
         return {}
     out: Dict[str, float] = {}
-    full = not is_summary(failing)
+    full = not failing.summary
     defaults = Thresholds()
     if s.rule == "ptdbg":
         if full:
-            cos = [c for c in _col(failing, "Cosine") if not math.isnan(c)]
-            mae = _max(_col(failing, "MaxAbsErr"))
+            cos = [float(c) for c in failing.floats(S.COSINE) if not math.isnan(c)]
+            mae = _max(failing.floats(S.MAX_ABS_ERR))
             if cos and min(cos) < th.get("cosine", defaults.cosine):
                 out["cosine"] = min(cos)
             if cos and min(cos) < th.get("cosine_hard", defaults.cosine_hard):
@@ -298,7 +298,7 @@ def _needed(failing: Any, s: Settings) -> Dict[str, float]:
                 out["summary_rel"] = rel
     else:
         if full:  # |n - b| <= atol passes whatever rtol (MaxRelativeErr explodes near b = 0)
-            mae = _max(_col(failing, "MaxAbsErr"))
+            mae = _max(failing.floats(S.MAX_ABS_ERR))
             if mae is not None:
                 out["atol"] = mae
         else:
@@ -340,7 +340,7 @@ def failure_message(ev: Evaluation, result: Any) -> str:
         lines.append(f"precision check failed{who}: {len(ev.root_causes)} root cause(s) found by the "
                      f"judgement ({how})")
         for rc in ev.root_causes[:5]:
-            lines.append(f"  - {rc.api} [{getattr(rc.cause, 'value', rc.cause)}] {rc.detail}")
+            lines.append(f"  - {rc.api} [{rc.cause.value}] {rc.detail}")
     else:
         lines.append(f"precision check failed{who}: {ev.n_failed} tensor(s) out of tolerance under "
                      f"the {s.rule} rule")
@@ -406,7 +406,7 @@ def assert_precision(result: Any, **thresholds: Any) -> Any:
     ev = evaluate(result, **thresholds)
     health = list(getattr(result, "health_problems", None) or [])
     gcheck = _golden_in_force(getattr(result, "golden_check", None), ev.settings)
-    if ev.passed and not health and (gcheck is None or gcheck.passed):
+    if passes(problems=health, checks=(ev.passed, gcheck is None or gcheck.passed)):
         return ev
     parts: List[str] = []
     if health:

@@ -13,6 +13,7 @@ import pytest
 from pytest_ptdbg.plugin import golden
 from pytest_ptdbg.plugin import options as plugin_options
 from pytest_ptdbg.runtime.device import DeviceUnavailable, resolve_device
+from pytest_ptdbg.judge.passing import passes
 from pytest_ptdbg.plugin.options import Settings
 from pytest_ptdbg.plugin.run import SideRun, compare_sides, health_problems, preserved_rng, \
     run_model, run_side, to_device
@@ -73,8 +74,8 @@ class PrecisionResult:
 
     def verdict(self) -> bool:
         """The verdict, without counting as the test looking at it."""
-        return bool(self.evaluation.passed and not self.health_problems and
-                    (self.golden_check is None or self.golden_check.passed))
+        return passes(problems=self.health_problems,
+                      checks=(self.evaluation.passed, self.golden_check is None or self.golden_check.passed))
 
     @property
     def passed(self) -> bool:
