@@ -18,6 +18,12 @@ recorded as data but its spec is a ``repr`` (not replayable: the judge could not
 A tensor input whose memory is dense but not row-major (``channels_last``, a transposed copy)
 adds its strides under the optional ``"strides"`` key (``{"input.0": [3072, 1, 192, 12]}``), so a
 replay hands the kernel the layout it saw; readers that do not know the key ignore it.
+
+A call made under a math mode that changes what a correct kernel computes adds it under the optional
+``"modes"`` key (:func:`math_modes`): ``{"autocast": "torch.bfloat16"}`` when autocast was on for
+the device type of the call's first tensor (a composite kernel such as PyTorch's own LSTM then
+computes inside in bf16 although its outputs are float32), ``{"mkldnn": false}`` when oneDNN was
+switched off. The judgement's reference replay runs under them; an argument comparer ignores them.
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ import torch
 
 
 __all__ = ["SEQ_DATA_MIN", "NumberSequence", "dense_strides", "encode_call", "encode_call_json",
-           "encode_value", "number_sequence", "sequence_tensor"]
+           "encode_value", "math_modes", "number_sequence", "sequence_tensor"]
 
 
 def _idx(path: Tuple[int, ...]) -> str:
@@ -211,8 +217,9 @@ def _contiguous(t: Any) -> bool:
         return True
 
 
-def encode_call(args: tuple, kwargs: Mapping[str, Any]) -> Dict[str, Any]:
-    """The call spec of ``func(*args, **kwargs)``: inputs are indexed args first, then kwargs."""
+def encode_call(args: tuple, kwargs: Mapping[str, Any], modes: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The call spec of ``func(*args, **kwargs)``: inputs are indexed args first, then kwargs;
+    ``modes`` (:func:`math_modes`) when the call ran under any."""
     n = len(args)
     spec = {
         "args": [encode_value(a, (i,)) for i, a in enumerate(args)],
@@ -221,6 +228,8 @@ def encode_call(args: tuple, kwargs: Mapping[str, Any]) -> Dict[str, Any]:
     st = layout_strides(args, kwargs)
     if st:
         spec["strides"] = st
+    if modes:
+        spec["modes"] = dict(modes)
     return spec
 
 
@@ -262,9 +271,9 @@ def _value_json(v: Any, path: Tuple[int, ...]) -> str:
     return _ENCODE(encode_value(v, path))
 
 
-def encode_call_json(args: tuple, kwargs: Mapping[str, Any]) -> str:
+def encode_call_json(args: tuple, kwargs: Mapping[str, Any], modes: Optional[Dict[str, Any]] = None) -> str:
     """The call spec of ``func(*args, **kwargs)`` as JSON text: exactly
-    ``json.dumps(encode_call(args, kwargs), separators=(", ", ": "))``, built without the dict."""
+    ``json.dumps(encode_call(args, kwargs, modes), separators=(", ", ": "))``, built without the dict."""
     n = len(args)
     a = ", ".join([_value_json(v, (i,)) for i, v in enumerate(args)])
     if kwargs:
@@ -272,7 +281,43 @@ def encode_call_json(args: tuple, kwargs: Mapping[str, Any]) -> str:
     else:
         kw = ""
     st = layout_strides(args, kwargs)
+    text = '{"args": [' + a + '], "kwargs": {' + kw + "}"
     if st:
-        return '{"args": [' + a + '], "kwargs": {' + kw + '}, "strides": ' + _ENCODE(st) + "}"
-    return '{"args": [' + a + '], "kwargs": {' + kw + "}}"
+        text += ', "strides": ' + _ENCODE(st)
+    if modes:
+        text += ', "modes": ' + _ENCODE(modes)
+    return text + "}"
+
+
+_autocast_on = torch._C._is_any_autocast_enabled
+_mkldnn_on = torch._C._get_mkldnn_enabled
+
+
+def math_modes(args: tuple, kwargs: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The math modes the call runs under that change what a correct kernel computes (see the module
+    docstring), or None when there are none (the common case: two C calls)."""
+    out: Dict[str, Any] = {}
+    if not _mkldnn_on():
+        out["mkldnn"] = False
+    if _autocast_on():
+        device = _first_device(args, kwargs)
+        if device is not None:
+            try:
+                if torch.is_autocast_enabled(device):
+                    out["autocast"] = str(torch.get_autocast_dtype(device))
+            except (RuntimeError, ValueError, TypeError):  # a device type autocast does not know
+                pass
+    return out or None
+
+
+def _first_device(args: tuple, kwargs: Mapping[str, Any]) -> Optional[str]:
+    """The device type of the call's first tensor (looking one level into lists), or None."""
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, _Tensor):
+            return v.device.type
+        if type(v) in _SEQ:
+            for x in v:
+                if isinstance(x, _Tensor):
+                    return x.device.type
+    return None
 

@@ -37,7 +37,7 @@ import torch
 
 from pytest_ptdbg.capture.isolation import isolated
 from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors, report_internal_error
-from pytest_ptdbg.dump.call_spec import encode_call_json, number_sequence, sequence_tensor
+from pytest_ptdbg.dump.call_spec import encode_call_json, math_modes, number_sequence, sequence_tensor
 from pytest_ptdbg.dump.select import Selector, filtered_out
 from pytest_ptdbg.format import manifest, records
 from pytest_ptdbg.dump.stats import (BATCH_DTYPES, SHARED_CACHE, TensorStats, batch_stat_columns, dtype_name,
@@ -1018,7 +1018,7 @@ class DumpSink(Sink):
             if self.with_tensors:
                 args, kwargs = call.args, call.kwargs
                 try:
-                    spec = encode_call_json(args, kwargs)
+                    spec = encode_call_json(args, kwargs, math_modes(args, kwargs))
                 except Exception as e:  # pragma: no cover - never let the spec break a run
                     spec = {"repr": f"unencodable call: {e}"}
                 if self._keep_fwd_in:

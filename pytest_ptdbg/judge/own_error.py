@@ -195,6 +195,8 @@ class _Call:
         self.requires_grad: set = set()
         #: input key -> the strides the device's kernel saw it with (dense, not row-major)
         self.strides: Dict[str, Tuple[int, ...]] = {}
+        #: the math modes the device's call ran under (:func:`_recorded_modes`)
+        self.modes: RecordedModes = RecordedModes()
         for rec, prefix in ((fwd, ""), (bwd, "backward_")):
             if rec is None:
                 continue
@@ -297,7 +299,7 @@ def _run_once(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracl
     except ValueError as exc:
         raise ReplayError(str(exc)) from None
     args, kwargs = _retarget(args, kwargs, dev, torch.float64 if oracle else None)
-    with torch.autocast(dev.type, enabled=False), torch.set_grad_enabled(backward):
+    with call.modes.context(dev, oracle), torch.set_grad_enabled(backward):
         try:
             out = func(*args, **kwargs)
         except Exception as exc:
@@ -572,6 +574,7 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     if any(k not in call.arrays for k in needed) or not call.keys("output."):
         return [_verdict(r, Status.NOT_JUDGED, "statistics only (no saved tensors)") for r in recs]
     call.strides = _recorded_strides(spec, call, fwd.key)
+    call.modes = _recorded_modes(spec, fwd.key)
 
     # the bench's arguments, when the pairing matched this call to the same API with the same tensors
     use, changed, lowered, from_bench = spec, [], [], False
@@ -702,6 +705,54 @@ def _recorded_strides(spec: Mapping[str, Any], call: _Call, api: str) -> Dict[st
             raise ReplayRefused(api, f"strides {str(st)[:60]} are not a dense layout of {k!s:.40}", "strides")
         out[k] = tuple(st)
     return out
+
+
+class RecordedModes:
+    """The math modes a device call ran under (the call spec's optional ``"modes"``): the autocast
+    dtype on its device type, oneDNN off. The reference replay runs under them, as a correct kernel
+    in that mode computes (PyTorch's own LSTM under bf16 autocast computes its gates in bf16 although
+    its outputs are float32); the oracle runs in float64 with autocast off."""
+
+    __slots__ = ("autocast", "mkldnn")
+
+    def __init__(self, autocast: str = "", mkldnn: bool = True) -> None:
+        self.autocast = autocast   #: "torch.bfloat16" / "torch.float16" / "" (off)
+        self.mkldnn = mkldnn
+
+    def context(self, dev: Any, oracle: bool) -> Any:
+        """The context of one replay on ``dev``: the oracle's (autocast off) or the reference's."""
+        import contextlib
+
+        import torch
+
+        stack = contextlib.ExitStack()
+        if self.autocast and not oracle:
+            stack.enter_context(torch.autocast(dev.type, dtype=_torch_dtype(self.autocast)))
+        else:
+            stack.enter_context(torch.autocast(dev.type, enabled=False))
+        if not self.mkldnn and torch._C._get_mkldnn_enabled():
+            # the flag alone (torch.backends.mkldnn.flags also sets oneDNN's TF32 and warns about it)
+            torch._C._set_mkldnn_enabled(False)
+            stack.callback(torch._C._set_mkldnn_enabled, True)
+        return stack
+
+
+#: autocast dtypes a call spec may name (data, from a fixed table)
+_AUTOCAST_DTYPES = ("torch.bfloat16", "torch.float16")
+
+
+def _recorded_modes(spec: Mapping[str, Any], api: str) -> RecordedModes:
+    """The device's math modes from its call spec, each checked against a fixed table (a crafted
+    value is refused, not run)."""
+    raw = spec.get("modes")
+    if raw is None:
+        return RecordedModes()
+    if not isinstance(raw, Mapping) or not set(raw) <= {"autocast", "mkldnn"}:
+        raise ReplayRefused(api, f"'modes' of the call spec is not a known set of modes: {str(raw)[:80]}", "modes")
+    autocast, mkldnn = raw.get("autocast", ""), raw.get("mkldnn", True)
+    if autocast not in ("", *_AUTOCAST_DTYPES) or type(mkldnn) is not bool:
+        raise ReplayRefused(api, f"'modes' of the call spec names an unknown mode: {str(raw)[:80]}", "modes")
+    return RecordedModes(autocast, mkldnn)
 
 
 def _matching_precision(func: Callable, api: str, spec: dict, call: _Call, dev: Any, backward: bool,
