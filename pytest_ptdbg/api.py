@@ -26,6 +26,7 @@ from pytest_ptdbg.comparison.rule import Rule
 from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.comparison.table import build_table
 from pytest_ptdbg.dump import reader
+from pytest_ptdbg.format import records
 from pytest_ptdbg.runtime import pool
 from pytest_ptdbg.runtime.gc_pause import paused_gc
 from pytest_ptdbg.runtime.progress import Progress
@@ -236,7 +237,7 @@ def _compare_run(npu: reader.Dump, bench: reader.Dump, options: CompareOptions) 
 def _has_call_specs(dump: reader.Dump) -> bool:
     """Whether some record of ``dump`` carries a call spec (``extra["call"]``): replay needs one."""
     return any(isinstance(t.extra, dict) and isinstance(t.extra.get("call"), dict)
-               for a in dump.apis if a.direction == "forward" for t in a.tensors[:1])
+               for a in dump.apis if a.direction == records.FORWARD for t in a.tensors[:1])
 
 
 def _judge(npu: reader.Dump, bench: reader.Dump, table: pd.DataFrame, problems: List[str], notes: List[str],

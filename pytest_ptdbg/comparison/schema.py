@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 import numpy as np
 
 from pytest_ptdbg.comparison.rule import Rule, parse_rule
+from pytest_ptdbg.format import records
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -119,9 +120,9 @@ BY_NAME: Dict[str, Column] = {str(c): c for c in FULL_COLUMNS + SUMMARY_DIFF_COL
                               + [STACK_COLUMN]}
 
 #: the values of the text columns with a closed vocabulary
-FORWARD, BACKWARD = "forward", "backward"
+FORWARD, BACKWARD = records.FORWARD, records.BACKWARD
 INPUT, OUTPUT, ARGUMENT = "input", "output", "arg"
-OPTIMIZER = "optimizer"
+OPTIMIZER = records.OPTIMIZER_CTX
 YES, NO = "Yes", "No"
 
 

@@ -30,7 +30,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple
 
-DIRECTIONS = ("forward", "backward")
+FORWARD, BACKWARD = "forward", "backward"
+#: an API key's last part: the call, or its gradients' computation
+DIRECTIONS = (FORWARD, BACKWARD)
 STACK_SUFFIX = "_stack_info"
 DUMP_DIR_NAME = "ptdbg_dump_v4.0"
 OPTIMIZER_CTX = "optimizer"
