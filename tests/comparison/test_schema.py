@@ -103,4 +103,4 @@ def test_row_rule_is_the_tables_rule_else_ptdbgs():
     assert S.CompareTable(df).row_rule is Rule.DTYPE
     df.attrs["rule"] = "bogus"
     with pytest.raises(ValueError, match="bogus"):
-        S.CompareTable(df).row_rule
+        _ = S.CompareTable(df).row_rule
