@@ -19,15 +19,19 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 import pandas as pd
 
+from pytest_ptdbg.comparison import schema as S
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.options import CompareOptions, DumpInput, inputs_from_param, param_from_inputs
 from pytest_ptdbg.comparison.rule import Rule
+from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.comparison.table import build_table
 from pytest_ptdbg.dump import reader
+from pytest_ptdbg.format import records
 from pytest_ptdbg.runtime import pool
 from pytest_ptdbg.runtime.gc_pause import paused_gc
 from pytest_ptdbg.runtime.progress import Progress
 from pytest_ptdbg.runtime.text import TextEnum
+from pytest_ptdbg.judge.passing import passes
 from pytest_ptdbg.judge.step import StepJudgement, judge_step, unusable_text
 from pytest_ptdbg.report import outputs
 
@@ -101,10 +105,6 @@ def _timestamp() -> str:
 
 def judge_passed(table: pd.DataFrame, problems: List[str]) -> bool:
     """The compare's verdict: every row passes and nothing was unusable (``problems`` empty)."""
-    from pytest_ptdbg.comparison import schema as S
-    from pytest_ptdbg.comparison.schema import CompareTable
-    from pytest_ptdbg.judge.passing import passes
-
     return passes(failing_rows=~CompareTable.of(table)[S.PASSED], problems=problems)
 
 
@@ -234,18 +234,10 @@ def _compare_run(npu: reader.Dump, bench: reader.Dump, options: CompareOptions) 
     return _Run(table, judged, problems, notes, summary, say)
 
 
-def _pairs(table: pd.DataFrame) -> Dict[str, str]:
-    """NPU API key -> bench API key of the calls the pairing matched."""
-    if not len(table) or "_bench_api" not in table.columns:
-        return {}
-    sub = table[table["_bench_api"].astype(str) != ""]
-    return dict(zip(sub["_api"].astype(str), sub["_bench_api"].astype(str)))
-
-
 def _has_call_specs(dump: reader.Dump) -> bool:
     """Whether some record of ``dump`` carries a call spec (``extra["call"]``): replay needs one."""
     return any(isinstance(t.extra, dict) and isinstance(t.extra.get("call"), dict)
-               for a in dump.apis if a.direction == "forward" for t in a.tensors[:1])
+               for a in dump.apis if a.direction == records.FORWARD for t in a.tensors[:1])
 
 
 def _judge(npu: reader.Dump, bench: reader.Dump, table: pd.DataFrame, problems: List[str], notes: List[str],
@@ -263,7 +255,7 @@ def _judge(npu: reader.Dump, bench: reader.Dump, table: pd.DataFrame, problems: 
         try:
             from pytest_ptdbg.judge.own_error import judge_dump
 
-            replay = judge_dump(npu, bench, device=device, pairs=_pairs(table), progress=say)
+            replay = judge_dump(npu, bench, device=device, pairs=CompareTable.of(table).api_pairs(), progress=say)
             # calls it could not judge (malformed, out of memory) are unusable data, said with the rest
             problems.extend(unusable_text(v) for v in replay.unusable)
         except ImportError as e:
@@ -303,7 +295,7 @@ def _finish(run: _Run, output_path: str, options: CompareOptions) -> CompareResu
         if options.auto_analyze:
             advisor_path = files.write("advisor", advice.text() + _problems_text(problems, notes))
         html_path = files.write("html", render_html(table, advice, title=f"ptdbg compare {tag}".strip()))
-    n_no = int((table["Accuracy Reached or Not"] == "No").sum()) if len(table) else 0
+    n_no = CompareTable.of(table).count(S.ACCURACY, S.NO)
     say(f"{n_no} of {len(table)} rows fail ptdbg's rule; "
         f"{'PASSED' if passed else 'FAILED'} ({'default judgement' if gate is Rule.JUDGE else gate + ' rule'}); "
         f"CSV: {csv_path}")

@@ -65,7 +65,7 @@ SIGNIFICANT_SUMMARY = 1e-5
 FLIP_FRACTION = 0.05
 
 PASS_FRACTION_NOTE = (
-    'Note: "One Thousandth Err Ratio" and "Five Thousandths Err Ratio" in the CSV are pass '
+    f'Note: "{S.ONE_THOUSANDTH}" and "{S.FIVE_THOUSANDTHS}" in the CSV are pass '
     "fractions: the share of elements whose relative error is below 0.001 / 0.005 "
     "(1.0 = every element within the bound)."
 )

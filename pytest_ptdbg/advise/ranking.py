@@ -36,7 +36,7 @@ def advice_for_cause(rc: Finding, category: FaultCategory) -> str:
     """What happened and what to try, for one root cause (``category``: :attr:`Finding.category`)."""
     op = at.op_name(rc.family) if rc.family else rc.api
     key = rc.api
-    where = "its produced gradients" if rc.direction == "backward" else "its outputs"
+    where = "its produced gradients" if rc.direction == S.BACKWARD else "its outputs"
     replay = (f'Reproduce it alone: configure_hook(mode="acl", scope=["{key}"]) and `ptdbg replay '
               "PACKAGE --dtype float64`.")
     if category == FaultCategory.CHANGED_ARGUMENT:

@@ -88,9 +88,9 @@ def summarize_dump(rank_dir: str, mode: str = "api_stack") -> DumpSummary:
             s.first_api = s.first_api or parsed.api_key
             seen[parsed.direction].add(parsed.api_key)
             extra = rec[6] if len(rec) > 6 and isinstance(rec[6], dict) else {}
-            if extra.get("ctx") == records.OPTIMIZER_CTX and parsed.direction == "forward":
+            if extra.get("ctx") == records.OPTIMIZER_CTX and parsed.direction == records.FORWARD:
                 optimizer.add(parsed.api_key)
-    s.forward_apis, s.backward_apis = len(seen["forward"]), len(seen["backward"])
+    s.forward_apis, s.backward_apis = len(seen[records.FORWARD]), len(seen[records.BACKWARD])
     s.optimizer_apis = len(optimizer)
     for root, _dirs, files in os.walk(rank_dir):
         for name in files:

@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 
 import numpy as np
 
+from pytest_ptdbg.comparison.rule import Rule, parse_rule
+from pytest_ptdbg.format import records
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
@@ -117,9 +120,9 @@ BY_NAME: Dict[str, Column] = {str(c): c for c in FULL_COLUMNS + SUMMARY_DIFF_COL
                               + [STACK_COLUMN]}
 
 #: the values of the text columns with a closed vocabulary
-FORWARD, BACKWARD = "forward", "backward"
+FORWARD, BACKWARD = records.FORWARD, records.BACKWARD
 INPUT, OUTPUT, ARGUMENT = "input", "output", "arg"
-OPTIMIZER = "optimizer"
+OPTIMIZER = records.OPTIMIZER_CTX
 YES, NO = "Yes", "No"
 
 
@@ -195,6 +198,12 @@ class CompareTable:
         """The frame's attributes (``summary_compare``, ``stack_mode``, ``rule``)."""
         return self.frame.attrs
 
+    @property
+    def row_rule(self) -> Rule:
+        """The per-tensor rule that filled :data:`ACCURACY` and :data:`PASSED` (the ``rule``
+        attribute); ptdbg's when the table does not say (one read back from a CSV)."""
+        return parse_rule(self.frame.attrs.get("rule") or Rule.PTDBG)
+
     def has(self, col: Column) -> bool:
         """Whether the table has ``col`` (the metric columns exist only in a full compare, the
         ``... diff`` columns only in a summary compare)."""
@@ -240,6 +249,17 @@ class CompareTable:
         sub = self.frame.iloc[np.flatnonzero(sel) if sel.dtype == bool else sel].reset_index(drop=True)
         sub.attrs.update(self.frame.attrs)
         return CompareTable(sub, require=[])
+
+    def api_pairs(self) -> Dict[str, str]:
+        """NPU API key -> bench API key of the calls the pairing matched (the rows with a
+        :data:`BENCH_API`; a bench-only row's :data:`API` is its bench key, paired with itself)."""
+        api, bench = self.text(API), self.text(BENCH_API)
+        keep = bench != ""
+        return dict(zip(api[keep].tolist(), bench[keep].tolist()))
+
+    def count(self, col: Column, value: Any) -> int:
+        """How many rows of ``col`` (read as its kind) equal ``value``."""
+        return int(np.count_nonzero(self[col] == value)) if len(self) else 0
 
     # ------------------------------------------------------------------ statistics
     def stats(self, side: str) -> np.ndarray:

@@ -30,9 +30,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple
 
-API_TYPES = ("Torch", "Functional", "Tensor", "VF", "Distributed", "NPU", "Aten")
-DIRECTIONS = ("forward", "backward")
-IO_KINDS = ("input", "output")
+FORWARD, BACKWARD = "forward", "backward"
+#: an API key's last part: the call, or its gradients' computation
+DIRECTIONS = (FORWARD, BACKWARD)
 STACK_SUFFIX = "_stack_info"
 DUMP_DIR_NAME = "ptdbg_dump_v4.0"
 OPTIMIZER_CTX = "optimizer"

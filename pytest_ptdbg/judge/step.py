@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from pytest_ptdbg.comparison import schema as S
+from pytest_ptdbg.comparison.code_path import BOOKKEEPING, VALUE_CHANGING
 from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.comparison.stat_error import range_scaled
 from pytest_ptdbg.judge.finding import Cause, Evidence, Finding
@@ -154,11 +155,11 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
             continue
         cp = code_path[i].strip().lower()
         side = _side(apis[i], "", npu_name[i])
-        if cp == "bookkeeping":
+        if cp == BOOKKEEPING:
             continue
-        if cp == "value-changing":
+        if cp == VALUE_CHANGING:
             # the compare stage writes code_path.classify's reason after the pairing's message
-            why = msg[i].split("; ", 1)[-1] if "value-changing" in msg[i] else "it changes values"
+            why = msg[i].split("; ", 1)[-1] if VALUE_CHANGING in msg[i] else "it changes values"
             add(Finding(apis[i], direction[i], Cause.ONE_SIDED, Evidence.TABLE, int(order[i]),
                         first_row.get(apis[i], i), family[i], side=side, ctx=ctx[i], why=why))
             continue
@@ -264,7 +265,7 @@ def _inputs_differ(t: CompareTable) -> Optional[tuple]:
             return None
         u = max([_unit("torch.float32")] + [_unit(d) for d in dts[i].split("|") if "float" in d])
         # data stored in a lower precision (a bf16 device's inputs) differ by its rounding
-        if e > max(INPUTS_DIFFER, 4 * u) and io[i] == "input":
+        if e > max(INPUTS_DIFFER, 4 * u) and io[i] == S.INPUT:
             return i, e
         if e > INPUTS_AGREE:
             return None
@@ -393,7 +394,7 @@ def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = 
         v = per.setdefault(apis[i], dict(ins=[], outs=[], nan_in=False, nan_out=False, unknown=False,
                                          u=_unit("torch.float32"), row=i))
         v["u"] = max([v["u"]] + [_unit(d) for d in dts[i].split("|") if "float" in d])
-        if io[i] == "output":
+        if io[i] == S.OUTPUT:
             v["outs"].append(i)
             if (nn[i] or 0) > 0 and not (bn[i] or 0) > 0:
                 v["nan_out"] = True
@@ -402,8 +403,8 @@ def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = 
             v["nan_in"] = v["nan_in"] or (nn[i] or 0) > 0
             v["unknown"] = v["unknown"] or not finite[i]
     for api, v in per.items():  # backward formulas read the forward tensors of the same call
-        if api.endswith("_backward"):
-            f = per.get(api[: -len("_backward")] + "_forward")
+        if api.endswith("_" + S.BACKWARD):
+            f = per.get(api[: -len(S.BACKWARD)] + S.FORWARD)
             if f is not None:
                 v["ins"] = v["ins"] + f["ins"] + f["outs"]
                 v["nan_in"] = v["nan_in"] or f["nan_in"] or f["nan_out"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from pytest_ptdbg.comparison import schema as S
+from pytest_ptdbg.comparison.rule import Rule
 from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.comparison.stat_error import range_scaled
 from pytest_ptdbg.comparison.verdict import Thresholds
@@ -94,7 +95,7 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
     ``settings`` default to the result's own (the test's) or the defaults; ``overrides`` (threshold
     names, ``rule``, ``ignore``, ``only``, ``ignore_optimizer``) win over them. When the rule or
     thresholds differ from those the comparison used, the rows are judged again (the fixture's
-    result by ``compare()`` again; a ``CompareResult`` from its table, see ``plugin_rejudge``,
+    result by ``compare()`` again; a ``CompareResult`` from its table, see ``comparison/rejudge.py``,
     which assumes it was compared with the default thresholds of its table's rule); ignored rows
     count as passed, and the advisor is run again on what is left.
     """
@@ -106,7 +107,7 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
     used = getattr(result, "settings", None)
     if used is None:  # a plain CompareResult: what gated it (the judgement, or its table's rule)
         gate = getattr(cmp, "gate", None)
-        used = Settings(rule="judge" if gate == "judge" else str(getattr(table, "attrs", {}).get("rule", "ptdbg")))
+        used = Settings(rule=Rule.JUDGE if gate == Rule.JUDGE else CompareTable.of(table).row_rule)
     base = settings or used
     s = per_test(base, overrides, "assert_precision(...)") if overrides else base
     rejudge = used.rule != s.rule or dict(used.thresholds) != dict(s.thresholds)
@@ -128,7 +129,7 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
     unusable_col = t[S.UNUSABLE]
     worst = _worst(table, ~ignored)
     causes: List["Finding"] = []
-    if s.rule == "judge":
+    if s.rule == Rule.JUDGE:
         failing, causes, judged = _judged_failing(cmp, table, ignored, unusable_col)
         unusable = failing & unusable_col
         needed: Dict[str, float] = {}
@@ -144,7 +145,7 @@ def evaluate(result: Any, settings: Optional[Settings] = None, **overrides: Any)
 
         # the verdict decides the first suspect (advise.advisor.decide): a passing one has none
         advice = dataclasses.replace(advice, passed=passed)
-    if passed and s.rule == "judge":
+    if passed and s.rule == Rule.JUDGE:
         # what the verdict used: the call closest to its own-error budget, not the largest
         # per-tensor difference (a mathematically-zero gradient's is huge and means nothing)
         worst = _closest_to_budget(getattr(cmp, "judgement", None), ignored_apis(table, ignored)) or worst
@@ -173,7 +174,7 @@ def _judged_failing(cmp: Any, table: Any, ignored: Any, unusable: Any) -> Tuple[
 
 
 def _rejudge(cmp: Any, s: Settings) -> Any:
-    """A plain ``CompareResult`` judged again under ``s``: from its table (``plugin_rejudge``), or,
+    """A plain ``CompareResult`` judged again under ``s``: from its table (``comparison/rejudge.py``), or,
     for rows the table cannot decide, by ``compare()`` again when the result records its
     ``input_param``. Returns the ``CompareResult`` whose table holds the new verdicts."""
     import dataclasses
@@ -282,7 +283,7 @@ def _needed(failing: CompareTable, s: Settings) -> Dict[str, float]:
     out: Dict[str, float] = {}
     full = not failing.summary
     defaults = Thresholds()
-    if s.rule == "ptdbg":
+    if s.rule == Rule.PTDBG:
         if full:
             cos = [float(c) for c in failing.floats(S.COSINE) if not math.isnan(c)]
             mae = _max(failing.floats(S.MAX_ABS_ERR))
@@ -312,9 +313,9 @@ def _needed(failing: CompareTable, s: Settings) -> Dict[str, float]:
 
 def _suspect_line(i: int, s: Any) -> str:
     growth = s.growth if s.growth is not None and math.isfinite(s.growth) else None
-    from pytest_ptdbg.advise.advisor import kind_text
+    from pytest_ptdbg.advise.advisor import Kind, kind_text
 
-    if s.kind == "unpaired":
+    if s.kind == Kind.UNPAIRED:
         return f"  {i}. {s.api} [{kind_text(s)}] at {s.location}"
     what = kind_text(s)
     cat = f"; {s.category}" if s.category and s.category != what else ""
@@ -324,6 +325,7 @@ def _suspect_line(i: int, s: Any) -> str:
 
 def failure_message(ev: Evaluation, result: Any) -> str:
     """The text of a :class:`PrecisionError`."""
+    from pytest_ptdbg.advise.advisor import Kind, kind_text
     from pytest_ptdbg.plugin.compat import effective_thresholds
 
     cmp = ev.compare_result if ev.compare_result is not None else result
@@ -333,7 +335,7 @@ def failure_message(ev: Evaluation, result: Any) -> str:
     if hasattr(result, "device"):
         who = f" ({result.device}{' ' + s.dtype if s.dtype != 'float32' else ''} vs " \
               f"{result.bench_label})"
-    if s.rule == "judge":
+    if s.rule == Rule.JUDGE:
         judgement = getattr(cmp, "judgement", None)
         how = ("judged from statistics: the calls were not replayed" if getattr(judgement, "by_statistics", False)
                else "each call replayed against a float64 oracle")
@@ -349,8 +351,6 @@ def failure_message(ev: Evaluation, result: Any) -> str:
                      f"(unpaired, unreadable, shape or dtype class changed), {len(ev.problems)} problem(s)")
     first = ev.first_suspect
     if first is not None:
-        from pytest_ptdbg.advise.advisor import kind_text
-
         what = kind_text(first)
         cat = f", {first.category}" if first.category and first.category != what else ""
         lines.append(f"first suspect: {first.api} ({first.direction}, {what}{cat})")
@@ -372,7 +372,7 @@ def failure_message(ev: Evaluation, result: Any) -> str:
         args = ", ".join(f"{k}={fmt_number(v)}" for k, v in ev.needed.items())
         lines.append(f"would have passed with: assert_precision({args})  (or @pytest.mark.ptdbg"
                      f"({args}))")
-    others = [x for x in ev.advice.suspects if x is not first and x.kind != "inherited"][:4]
+    others = [x for x in ev.advice.suspects if x is not first and x.kind != Kind.INHERITED][:4]
     if others:
         lines.append("other suspects:")
         lines += [_suspect_line(i, x) for i, x in enumerate(others, 2)]

@@ -1,6 +1,6 @@
 """The ``ptdbg_dump`` fixture object and the result it returns.
 
-Imported lazily by the plugin (this module imports torch through ``plugin_run``).
+Imported lazily by the plugin (this module imports torch through ``plugin/run.py``).
 """
 from __future__ import annotations
 

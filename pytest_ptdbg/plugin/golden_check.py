@@ -107,7 +107,7 @@ def golden_lines(pkl: str, keys: Dict[str, str]) -> FreshDump:
         key = keys.get(api, api)
         api_of.setdefault(key, api)
         extra = rec[6] if len(rec) > 6 and isinstance(rec[6], dict) else {}
-        if name.direction == "forward" and api not in seen_call:
+        if name.direction == records.FORWARD and api not in seen_call:
             seen_call.add(api)
             call = extra.get("call")
             if isinstance(call, dict) and ("strides" in call or "modes" in call):
@@ -323,7 +323,7 @@ def noise_floor(tensors: Dict[str, Dict[str, Any]], key: str, t: str,
     n_out = max(_numel(line.get("shape")), 1)
     reduction = max([_numel(pl.get("shape")) / n_out for pl in inputs.values()] + [1.0])
     floor = NOISE_UNITS * u * reduction * min(scales) if scales else 0.0
-    if direction != "forward":
+    if direction != records.FORWARD:
         return floor
     api = key.rsplit("/", 1)[-1].split("#")[0].split("_", 1)[-1]
     value = _value_argument(call) if api.startswith(("addcmul", "addcdiv")) else 1.0
@@ -543,7 +543,7 @@ def _culprit(diffs: List[Difference]) -> Optional[Difference]:
         t = str((d.fresh or {}).get("t", ""))
         direction = t.split(".")[0]
         drifting.setdefault((d.key, direction), []).append(d)
-    for direction in ("forward", "backward"):
+    for direction in records.DIRECTIONS:
         for d in diffs:
             t = str((d.fresh or {}).get("t", ""))
             if not t.startswith(direction):
@@ -591,7 +591,7 @@ def write_reference_dump(golden: Golden, fresh: FreshDump, dump_path: str, mode:
         extra: Dict[str, Any] = {"nan": nan, "inf": inf}
         if key.startswith("optimizer/"):
             extra["ctx"] = records.OPTIMIZER_CTX
-        if direction == "forward" and api not in first_forward:
+        if direction == records.FORWARD and api not in first_forward:
             first_forward.add(api)
             if isinstance(calls.get(key), dict):
                 extra["call"] = calls[key]

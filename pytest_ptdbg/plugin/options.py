@@ -33,7 +33,7 @@ MODES = ("api_stack", "all", "list", "range", "api_list")
 GOLDEN_OFF = "none"
 UNUSED = ("fail", "warn")
 
-#: threshold name -> help. Names match ``compare.verdict.Thresholds`` (``rtol``/``atol`` set the
+#: threshold name -> help. Names match ``comparison.verdict.Thresholds`` (``rtol``/``atol`` set the
 #: dtype rule's tolerances for every float dtype).
 THRESHOLDS: Dict[str, str] = {
     "cosine": "ptdbg rule: a tensor fails when cosine < this and max abs err > max_abs (0.99)",

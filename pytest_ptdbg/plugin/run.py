@@ -8,7 +8,7 @@ How the two sides are kept comparable:
   untouched) and its own copy of the inputs, moved to that side's device;
 - ``seed_all(seed)`` runs right before each side's step, and (``random="cpu"``, the default)
   dropout masks and ``torch.rand``/``randn``/``bernoulli``/``uniform_``/``normal_`` draw from one
-  CPU generator seeded alike on both sides (``plugin_random``), so a CUDA/NPU side gets the same
+  CPU generator seeded alike on both sides (``plugin/rng.py``), so a CUDA/NPU side gets the same
   masks as the CPU bench. The caller's RNG state is restored after;
 - the device under test runs under ``torch.autocast(device_type, dtype)`` when a dtype other
   than float32 is asked for; the bench always runs in float32 without autocast.

@@ -290,8 +290,8 @@ def render_html(table: pd.DataFrame, advice: Advice, title: str = "pytest-ptdbg 
             "<th>output error</th><th>growth</th><th>where</th></tr></thead>"
             f"<tbody>{rows}</tbody></table>"
             + (f'<p class="muted">... and {more} more.</p>' if more > 0 else ""))
-    plots = (_plot(table, advice, "forward") + _plot(table, advice, "backward")
-             + _plot(table, advice, "forward", optimizer=True))
+    plots = (_plot(table, advice, schema.FORWARD) + _plot(table, advice, schema.BACKWARD)
+             + _plot(table, advice, schema.FORWARD, optimizer=True))
     now = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">

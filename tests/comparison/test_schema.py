@@ -73,3 +73,34 @@ def test_built_table_satisfies_the_contract(tmp_path, summary):
     assert set(t[S.DIRECTION]) == {S.FORWARD, S.BACKWARD}
     assert t[S.PAIRED].all() and t[S.REL_L2].dtype == np.float64
     assert (t[S.ORDER] >= 0).all()
+
+
+def test_api_pairs_are_the_rows_with_a_bench_call():
+    df = _frame(4)
+    df["_api"] = ["Torch_add_0_forward", "Torch_add_0_forward", "Tensor_mul_0_forward", "Functional_relu_0_forward"]
+    df["_bench_api"] = ["Torch_add_1_forward", "Torch_add_1_forward", "", "Functional_relu_0_forward"]
+    assert S.CompareTable(df).api_pairs() == {"Torch_add_0_forward": "Torch_add_1_forward",
+                                               "Functional_relu_0_forward": "Functional_relu_0_forward"}
+    assert S.CompareTable(_frame(0)).api_pairs() == {}
+
+
+def test_count_reads_the_column_as_its_kind():
+    df = _frame(4)
+    df["Accuracy Reached or Not"] = ["No", "Yes", None, "No"]
+    df["_passed"] = [True, "false", False, "yes"]
+    t = S.CompareTable(df)
+    assert t.count(S.ACCURACY, S.NO) == 2 and t.count(S.ACCURACY, "") == 1
+    assert t.count(S.PASSED, True) == 2
+    assert S.CompareTable(_frame(0)).count(S.ACCURACY, S.NO) == 0
+
+
+def test_row_rule_is_the_tables_rule_else_ptdbgs():
+    from pytest_ptdbg.comparison.rule import Rule
+
+    df = _frame()
+    assert S.CompareTable(df).row_rule is Rule.PTDBG          # a table read back from a CSV says none
+    df.attrs["rule"] = "dtype"
+    assert S.CompareTable(df).row_rule is Rule.DTYPE
+    df.attrs["rule"] = "bogus"
+    with pytest.raises(ValueError, match="bogus"):
+        _ = S.CompareTable(df).row_rule

@@ -1,5 +1,5 @@
 """assert_precision / evaluate on a plain CompareResult (outside the fixture), on real dumps:
-thresholds and rules given to the helper judge the table again (``plugin_rejudge``)."""
+thresholds and rules given to the helper judge the table again (``comparison/rejudge.py``)."""
 import dataclasses
 import math
 

@@ -1,4 +1,4 @@
-"""plugin_random.CpuRandom: dropout masks and random tensors from one seeded CPU generator."""
+"""plugin/rng.py CpuRandom: dropout masks and random tensors from one seeded CPU generator."""
 import torch
 import torch.nn.functional as F
 
