@@ -38,11 +38,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``ptdbg replay``."""
-    from pytest_ptdbg.judge.runner import ReplayError, replay
+    from pytest_ptdbg.repro.runner import ReplayError, replay
 
     try:
         if args.script:
-            from pytest_ptdbg.judge.script import write_script
+            from pytest_ptdbg.repro.script import write_script
 
             path = write_script(args.package, args.script)
             print(f"wrote {path}: python {path} [--device cpu] [--dtype float64]")

@@ -94,8 +94,9 @@ def _replay_upcast(consumer: reader.ApiRec, slot: str, value: np.ndarray, value_
 
     from pytest_ptdbg.errors import NotReplayable, ReplayError, ReplayRefused
     from pytest_ptdbg.judge import own_error as OE
-    from pytest_ptdbg.judge import package as pkgmod
-    from pytest_ptdbg.judge.runner import _retarget, effective_output, resolve_api
+    from pytest_ptdbg.replayer import codec
+    from pytest_ptdbg.replayer.allowlist import torch_dtype
+    from pytest_ptdbg.replayer.engine import effective_output, resolve_api, retarget
 
     spec = OE._call_spec(consumer)
     if spec is None:
@@ -110,18 +111,18 @@ def _replay_upcast(consumer: reader.ApiRec, slot: str, value: np.ndarray, value_
 
     def tensor(key: str) -> Any:
         if key == slot:
-            return torch.from_numpy(np.array(value, copy=True)).to(OE._torch_dtype(value_dtype))
-        return OE._fresh(call.arrays[key], OE._torch_dtype(call.dtypes.get(key, "")), False)
+            return torch.from_numpy(np.array(value, copy=True)).to(torch_dtype(value_dtype))
+        return OE._fresh(call.arrays[key], torch_dtype(call.dtypes.get(key, "")), False)
 
-    low_dt = OE._torch_dtype(low)
+    low_dt = torch_dtype(low)
     if low_dt not in (torch.bfloat16, torch.float16):
         return None
     try:
-        args, kwargs = pkgmod.decode_call(spec, list(call.arrays), tensor, where=consumer.key, device=dev)
-        args, kwargs = _retarget(args, kwargs, dev, None)
+        args, kwargs = codec.decode_call(spec, list(call.arrays), tensor, where=consumer.key, device=dev)
+        args, kwargs = retarget(args, kwargs, dev, None)
         with torch.no_grad(), torch.autocast(dev.type, dtype=low_dt):
             out = func(*args, **kwargs)
-        return [t.dtype for _, t in pkgmod.flatten_output(effective_output(out, args)) if t.is_floating_point()]
+        return [t.dtype for _, t in codec.flatten_output(effective_output(out, args)) if t.is_floating_point()]
     except Exception:  # noqa: BLE001 - any failure of a replay is "no evidence", never a verdict
         return None
 

@@ -26,7 +26,6 @@ differ are also listed on the verdict (``changed_args``).
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 import time
@@ -41,6 +40,7 @@ from pytest_ptdbg.format import records
 from pytest_ptdbg.runtime.gc_pause import paused_gc
 from pytest_ptdbg.judge import budget as B
 from pytest_ptdbg.judge.arrays import ArrayStore
+from pytest_ptdbg.replayer.allowlist import torch_dtype
 from pytest_ptdbg.judge.verdicts import CallVerdict, DumpJudgement, Status
 from pytest_ptdbg.judge import not_judged as NJ
 
@@ -76,7 +76,7 @@ def _malformed_spec(rec: reader.ApiRec) -> str:
 
 
 def _tensor_refs(spec: Any) -> List[str]:
-    from pytest_ptdbg.judge.package import tensor_refs
+    from pytest_ptdbg.replayer.codec import tensor_refs
 
     return tensor_refs(spec)
 
@@ -103,7 +103,7 @@ def _skip(x: Any) -> bool:
 
 def _follows(x: Any, y: Any, seen: Optional[Sequence[str]]) -> bool:
     """A ``finfo`` number of the device's precision against the bench's (not a change)."""
-    from pytest_ptdbg.judge.arguments import follows_precision
+    from pytest_ptdbg.replayer.arguments import follows_precision
 
     return follows_precision(x, y, seen)
 
@@ -241,14 +241,6 @@ class _Call:
         return self.store.rms_upper.get(fid) if fid is not None else None
 
 
-@functools.lru_cache(maxsize=256)  # a handful of dtype names, asked for every tensor
-def _torch_dtype(name: str) -> Any:
-    from pytest_ptdbg.judge.allowlist import dtype_of
-
-    n = name.split(".", 1)[1] if name.startswith(("torch.", "numpy.")) else name
-    return dtype_of(n)
-
-
 def _run(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bool, cast: Any,
          backward: bool) -> Dict[str, Any]:
     """One replay: ``{output.i: tensor}`` and, with ``backward``, ``{backward_output.j: grad}``.
@@ -269,13 +261,13 @@ def _run_once(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracl
               backward: bool, copy_leaves: bool) -> Dict[str, Any]:
     import torch
 
-    from pytest_ptdbg.judge import package as pkgmod
-    from pytest_ptdbg.judge.runner import _retarget, effective_output
+    from pytest_ptdbg.replayer import codec
+    from pytest_ptdbg.replayer.engine import effective_output, retarget
 
     leaves: Dict[str, Any] = {}
 
     def tensor(key: str) -> Any:
-        t = _fresh(call.arrays[key], _torch_dtype(call.dtypes.get(key, "")),
+        t = _fresh(call.arrays[key], torch_dtype(call.dtypes.get(key, "")),
                    oracle)  # own memory: in-place calls change only it
         st = call.strides.get(key)
         if st is not None and tuple(t.shape) and len(st) == t.dim():
@@ -291,18 +283,18 @@ def _run_once(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracl
         return t.to(dev) if dev.type != "cpu" else t
 
     try:
-        args, kwargs = pkgmod.decode_call(spec, list(call.arrays), tensor, where=api, device=dev)
+        args, kwargs = codec.decode_call(spec, list(call.arrays), tensor, where=api, device=dev)
     except (ReplayRefused, NotReplayable):
         raise
     except ValueError as exc:
         raise ReplayError(str(exc)) from None
-    args, kwargs = _retarget(args, kwargs, dev, torch.float64 if oracle else None)
+    args, kwargs = retarget(args, kwargs, dev, torch.float64 if oracle else None)
     with torch.autocast(dev.type, enabled=False), torch.set_grad_enabled(backward):
         try:
             out = func(*args, **kwargs)
         except Exception as exc:
             raise ReplayError(f"{api}: the call failed on replay: {type(exc).__name__}: {exc}") from exc
-        outs = dict(pkgmod.flatten_output(effective_output(out, args)))
+        outs = dict(codec.flatten_output(effective_output(out, args)))
         result = {k: v.detach() for k, v in outs.items()}
         if not backward or not leaves:
             return result
@@ -311,7 +303,7 @@ def _run_once(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracl
             o = outs.get("output" + gkey[len("backward_input"):])
             if o is None or not o.requires_grad:
                 continue
-            g = _fresh(call.arrays[gkey], _torch_dtype(call.dtypes.get(gkey, "")), False)
+            g = _fresh(call.arrays[gkey], torch_dtype(call.dtypes.get(gkey, "")), False)
             if tuple(g.shape) != tuple(o.shape):
                 raise ReplayError(f"{api}: gradient {gkey} has shape {list(g.shape)}, the output {list(o.shape)}")
             g = g.to(o.dtype)
@@ -413,7 +405,7 @@ def _passes_through(call: _Call, outs: Sequence[str], ins: Sequence[str], rounde
     cands = [call.arrays[k] for k in ins if k in call.arrays and call.arrays[k].dtype.kind == "f"]
     for k in got:
         o = call.arrays[k]
-        want = _torch_dtype(call.dtypes.get(k, "")) if rounded else None
+        want = torch_dtype(call.dtypes.get(k, "")) if rounded else None
         if not any(c.shape == o.shape and _same_values(c, o, want) for c in cands):
             return False
     return True
@@ -551,8 +543,8 @@ def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Opt
 
 def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
                  dev: Any, factor: float, seen: Sequence[str] = ()) -> List[CallVerdict]:
-    from pytest_ptdbg.judge.allocation import guard_arrays
-    from pytest_ptdbg.judge.runner import resolve_api
+    from pytest_ptdbg.replayer.allocation import guard_arrays
+    from pytest_ptdbg.replayer.engine import resolve_api
 
     recs = [r for r in (fwd, bwd) if r is not None]
     spec = _call_spec(fwd)
@@ -577,7 +569,7 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     use, changed, lowered, from_bench = spec, [], [], False
     bspec = _call_spec(bench_fwd)
     if bspec is not None and bench_fwd.family == fwd.family and set(_tensor_refs(bspec)) <= set(call.arrays):
-        from pytest_ptdbg.judge.arguments import with_own_precision
+        from pytest_ptdbg.replayer.arguments import with_own_precision
 
         lowered = lowered_precision(spec, bspec, seen)
         changed = changed_arguments(spec, bspec, seen) + lowered
@@ -595,7 +587,7 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     guard_arrays(func, fwd.key, use, call.arrays, call.dtypes)  # AllocationRefused: over its outputs' size
     out_dtypes = [call.dtypes[k] for k in call.keys("output.")]
     compute = _lowest(out_dtypes)
-    cast = _torch_dtype(compute) if compute else None
+    cast = torch_dtype(compute) if compute else None
     backward = bwd is not None and bool(call.keys("backward_input.")) and bool(call.keys("backward_output."))
     orc = _run(func, fwd.key, use, call, dev, True, None, backward)
     try:
@@ -793,7 +785,7 @@ def _judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump
                 progress: Optional[Callable[[str], None]]) -> DumpJudgement:
     import torch
 
-    from pytest_ptdbg.judge.runner import check_device
+    from pytest_ptdbg.replayer.engine import check_device
 
     t0 = time.perf_counter()
     d = dump if isinstance(dump, reader.Dump) else reader.read_dump(dump)

@@ -5,7 +5,7 @@ The script needs only torch and numpy: it loads the package's ``.npy`` files
 runs it (forward, or forward + ``autograd.grad`` for a backward package) and prints cosine, max
 absolute and max relative error against the saved result. Every name written into the code is
 a literal or comes from the judge's tables: the callable is the fixed qualified name of its
-allowlist entry (``pytest_ptdbg/judge/allowlist.py``), dtypes the names of its dtype table, strings
+allowlist entry (``pytest_ptdbg/replayer/allowlist.py``), dtypes the names of its dtype table, strings
 only those the (API, parameter) rule allows, written with ``repr``; the API key in the text is
 rebuilt from the entry. A package the judge refuses gives no script (ReplayRefused).
 """
@@ -18,11 +18,13 @@ import re
 from typing import Any, Dict, List, Optional
 
 from pytest_ptdbg.format import records
-from pytest_ptdbg.judge import allowlist
-from pytest_ptdbg.judge.arguments import check_call, family_of
+from pytest_ptdbg.replayer import allowlist
+from pytest_ptdbg.replayer.arguments import check_call, family_of
 from pytest_ptdbg.errors import ReplayRefused
-from pytest_ptdbg.judge import package as pkgmod
-from pytest_ptdbg.judge.runner import ReplayError, api_path
+from pytest_ptdbg.replayer import codec
+from pytest_ptdbg.repro import package as pkgmod
+from pytest_ptdbg.errors import ReplayError
+from pytest_ptdbg.replayer.engine import api_path
 
 _DTYPE = re.compile(r"^(torch|numpy)\.[a-z0-9_]+$")
 
@@ -200,7 +202,7 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
     backward = p.direction == "backward"
     names: Dict[str, str] = {}
     body: List[str] = []
-    for key in pkgmod.tensor_refs(pkg.call):
+    for key in codec.tensor_refs(pkg.call):
         if not (isinstance(key, str) and re.fullmatch(r"input(\.[0-9]+)+", key)):
             raise ReplayError(f"{api}: tensor key {str(key)[:60]!r} is not of the form input.N")
         info = pkg.tensors[key]
@@ -231,7 +233,7 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
         else:
             body.append("    result = flatten(output)")
     else:
-        leaves = [k for k in pkgmod.tensor_refs(pkg.call) if pkg.tensors[k].requires_grad]
+        leaves = [k for k in codec.tensor_refs(pkg.call) if pkg.tensors[k].requires_grad]
         if not leaves:
             raise ReplayError(f"{api}: no input requires grad; nothing to differentiate")
         body.append(f"    output = {call}")

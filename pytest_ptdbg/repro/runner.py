@@ -19,8 +19,11 @@ import numpy as np
 
 from pytest_ptdbg.errors import ReplayRefused
 from pytest_ptdbg.runtime.text import fmt_number
-from pytest_ptdbg.judge import package as pkgmod
-from pytest_ptdbg.judge.package import Package
+from pytest_ptdbg.replayer import codec
+from pytest_ptdbg.replayer.allowlist import torch_dtype
+from pytest_ptdbg.replayer.engine import check_device, effective_output, parse_dtype, resolve_api, retarget
+from pytest_ptdbg.repro import package as pkgmod
+from pytest_ptdbg.repro.package import Package
 from pytest_ptdbg.errors import ReplayError
 
 __all__ = ["replay", "replay_package", "run_package", "resolve_api", "ReplayResult", "TensorCheck",
@@ -30,73 +33,7 @@ __all__ = ["replay", "replay_package", "run_package", "resolve_api", "ReplayResu
 
 
 # ---------------------------------------------------------------------------------------------
-# what to call
-
-
-def api_path(api_type: str, api_name: str, record: Optional[str] = None) -> Tuple[str, List[str]]:
-    """``(module path, [attribute])`` of an allowlisted API, e.g. ``("torch.nn.functional", ["conv2d"])``,
-    from the judge's table (``pytest_ptdbg/judge/allowlist.py``).
-
-    Raises ReplayError for collectives (not replayable alone) and ReplayRefused (a ValueError) for
-    an API that is not in the allowlist.
-    """
-    from pytest_ptdbg.judge import allowlist
-
-    _no_collective(api_type, api_name)
-    root, _, attr = allowlist.qualified_name(api_type, api_name, record).rpartition(".")
-    return root, [attr]
-
-
-def _no_collective(api_type: str, api_name: str) -> None:
-    if api_type == "Distributed":
-        raise ReplayError(f"Distributed_{api_name}: a collective needs its process group and cannot be replayed alone")
-
-
-def resolve_api(api_type: str, api_name: str, record: Optional[str] = None) -> Callable:
-    """The callable of ``{api_type}_{api_name}`` from the judge's allowlist (``Tensor`` methods
-    take ``self`` first). Raises ReplayRefused (a ValueError) naming ``record`` when the API is not
-    allowlisted; nothing is looked up by the name itself."""
-    from pytest_ptdbg.judge import allowlist
-
-    _no_collective(api_type, api_name)
-    return allowlist.resolve(api_type, api_name, record)
-
-
-# ---------------------------------------------------------------------------------------------
 # running
-
-
-def parse_dtype(dtype: Any) -> Any:
-    """``None``, a ``torch.dtype`` or a name like ``"float64"``/``"torch.bfloat16"`` -> dtype."""
-    import torch
-
-    from pytest_ptdbg.judge.allowlist import dtype_of
-
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    dt = dtype_of(str(dtype))
-    if dt is None or not dt.is_floating_point:
-        raise ValueError(f"--dtype must be a floating-point torch dtype such as 'float64', got {dtype!r}")
-    return dt
-
-
-def check_device(device: str) -> Any:
-    """A usable ``torch.device`` for ``device`` (``cpu``, ``cuda[:i]``, ``npu[:i]``) or ReplayError."""
-    from pytest_ptdbg.runtime.device import DeviceUnavailable, resolve_device
-
-    if str(device).strip().lower() == "auto":
-        raise ReplayError("replay needs an explicit device: cpu, cuda[:i] or npu[:i]")
-    try:
-        return resolve_device(str(device))
-    except DeviceUnavailable as exc:
-        raise ReplayError(str(exc)) from None
-
-
-def _torch_dtype(name: str) -> Any:
-    from pytest_ptdbg.judge.allowlist import dtype_of
-
-    n = name.split(".", 1)[1] if isinstance(name, str) and name.startswith(("torch.", "numpy.")) else name
-    return dtype_of(n)
 
 
 def load_tensor(pkg: Package, key: str, device: Any, dtype: Any = None) -> Any:
@@ -105,7 +42,7 @@ def load_tensor(pkg: Package, key: str, device: Any, dtype: Any = None) -> Any:
 
     arr = pkg.load_array(key)
     t = torch.from_numpy(np.ascontiguousarray(arr))
-    want = _torch_dtype(pkg.tensors[key].dtype)
+    want = torch_dtype(pkg.tensors[key].dtype)
     if want is not None and t.dtype != want:
         t = t.to(want)
     if dtype is not None and t.is_floating_point():
@@ -136,22 +73,22 @@ def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[st
         return t
 
     try:
-        args, kwargs = pkgmod.decode_call(pkg.call, list(pkg.tensors), tensor, where=pkg.api, device=dev)
+        args, kwargs = codec.decode_call(pkg.call, list(pkg.tensors), tensor, where=pkg.api, device=dev)
     except ReplayRefused:
         raise
     except ValueError as exc:
         raise ReplayError(str(exc)) from None
-    args, kwargs = _retarget(args, kwargs, dev, dt)
+    args, kwargs = retarget(args, kwargs, dev, dt)
     if not backward:
         with torch.no_grad(), _same_draws(pkg, dev):
             output = _call(pkg, func, args, kwargs)
-        return dict(pkgmod.flatten_output(effective_output(output, args)))
+        return dict(codec.flatten_output(effective_output(output, args)))
     if not leaves:
         raise ReplayError(f"{pkg.api}: no input requires grad; nothing to differentiate")
     with torch.enable_grad():
         with _same_draws(pkg, dev):
             output = _call(pkg, func, args, kwargs)
-        outs = dict(pkgmod.flatten_output(output))
+        outs = dict(codec.flatten_output(output))
         pairs = []
         for gkey in pkg.keys("backward_input"):
             okey = "output" + gkey[len("backward_input"):]
@@ -183,7 +120,7 @@ def guard_package(func: Callable, pkg: Package) -> None:
     bytes, so a ``package.json`` cannot claim outputs its files do not hold."""
     import os
 
-    from pytest_ptdbg.judge.allocation import FLOOR, guard_call
+    from pytest_ptdbg.replayer.allocation import FLOOR, guard_call
 
     shapes, outputs = {}, []
     for key, info in pkg.tensors.items():
@@ -203,12 +140,12 @@ def guard_package(func: Callable, pkg: Package) -> None:
 
     def dtype(key: str) -> Any:
         name = pkg.tensors[key].dtype
-        return _torch_dtype(name) or _np_torch_dtype(name)
+        return torch_dtype(name) or _nptorch_dtype(name)
 
     guard_call(func, pkg.api, pkg.call, shapes, dtype, outputs, value)
 
 
-def _np_torch_dtype(name: str) -> Any:
+def _nptorch_dtype(name: str) -> Any:
     import torch
 
     try:
@@ -245,35 +182,6 @@ def _same_draws(pkg: Package, dev: Any) -> Iterator[None]:
             raise ReplayError(f"{pkg.api}: its random generator state ({pkgmod.RNG_FILE}, {state.numel()} "
                               f"bytes) is not a {dev.type} generator state: {' '.join(str(exc).split())}") from None
         yield
-
-
-def effective_output(output: Any, args: Any) -> Any:
-    """What an API gave back; for an in-place API that returns nothing (``__setitem__``) the
-    tensor it modified, its first argument."""
-    import torch
-
-    if not pkgmod.flatten_output(output) and args and isinstance(args[0], torch.Tensor):
-        return args[0]
-    return output
-
-
-def _retarget(args: list, kwargs: dict, dev: Any, dtype: Any) -> Tuple[list, dict]:
-    """Replace saved ``torch.device`` arguments (e.g. ``device="npu:0"``) by the replay device and,
-    with a ``dtype`` override, floating ``torch.dtype`` arguments by it (an oracle runs in float64)."""
-    import torch
-
-    def fix(v: Any) -> Any:
-        if isinstance(v, torch.device):
-            return dev
-        if dtype is not None and isinstance(v, torch.dtype) and v.is_floating_point:
-            return dtype
-        if isinstance(v, list):
-            return [fix(x) for x in v]
-        if isinstance(v, tuple):
-            return tuple(fix(x) for x in v)
-        return v
-
-    return fix(args), {k: fix(v) for k, v in kwargs.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,9 +261,9 @@ def _nan_low(x: float) -> float:
 def compare_tensor(key: str, expected: np.ndarray, expected_dtype: str, actual: Any,
                    rule: Optional[str] = None) -> TensorCheck:
     """Compare a replayed tensor with the saved array using ``compare.metrics``/``compare.verdict``."""
-    from pytest_ptdbg.judge import checks as _metrics
+    from pytest_ptdbg.repro import checks as _metrics
 
-    act = pkgmod.to_numpy(actual)
+    act = codec.to_numpy(actual)
     replay_dtype = str(actual.dtype)
     if tuple(act.shape) != tuple(expected.shape):
         return TensorCheck(key, expected_dtype, replay_dtype, tuple(expected.shape), math.nan, math.nan,
@@ -382,7 +290,7 @@ def replay_package(pkg: Package, device: Any = "cpu", dtype: Any = None, rule: s
         checks.append(compare_tensor(key, expected, exp_dtype, produced[key], rule))
     dt = parse_dtype(dtype)
     return ReplayResult(pkg.path, pkg.api, str(device), str(dt).replace("torch.", "") if dt else None, checks,
-                        {k: pkgmod.to_numpy(v) for k, v in produced.items()})
+                        {k: codec.to_numpy(v) for k, v in produced.items()})
 
 
 def replay(package_dir: str, device: str = "cpu", dtype: Union[str, Any, None] = None,
