@@ -243,102 +243,13 @@ class _Call:
 
 def _run(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bool, cast: Any,
          backward: bool) -> Dict[str, Any]:
-    """One replay: ``{output.i: tensor}`` and, with ``backward``, ``{backward_output.j: grad}``.
+    """One replay by the engine (:func:`pytest_ptdbg.replayer.engine.replay_call`): ``{output.i:
+    tensor}`` and, with ``backward``, ``{backward_output.j: grad}``; the oracle with ``oracle``,
+    else the floating inputs cast to ``cast`` (the compute dtype; None: as recorded)."""
+    from pytest_ptdbg.replayer.engine import replay_call
 
-    With ``backward`` the inputs that require grad are autograd leaves, passed to the call as they
-    are (autograd refuses an in-place change of a leaf that requires grad, so a call that would
-    change one fails), and on a failure the call is replayed again with copies of the leaves,
-    which in-place calls may change (the same numbers: a copy's gradient is its leaf's)."""
-    if not backward:
-        return _run_once(func, api, spec, call, dev, oracle, cast, False, True)
-    try:
-        return _run_once(func, api, spec, call, dev, oracle, cast, True, False)
-    except ReplayError:
-        return _run_once(func, api, spec, call, dev, oracle, cast, True, True)
-
-
-def _run_once(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bool, cast: Any,
-              backward: bool, copy_leaves: bool) -> Dict[str, Any]:
-    import torch
-
-    from pytest_ptdbg.replayer import codec
-    from pytest_ptdbg.replayer.engine import effective_output, retarget
-
-    leaves: Dict[str, Any] = {}
-
-    def tensor(key: str) -> Any:
-        t = _fresh(call.arrays[key], torch_dtype(call.dtypes.get(key, "")),
-                   oracle)  # own memory: in-place calls change only it
-        st = call.strides.get(key)
-        if st is not None and tuple(t.shape) and len(st) == t.dim():
-            t = torch.empty_strided(t.shape, st, dtype=t.dtype).copy_(t)  # the layout it was called with
-        if t.is_floating_point():
-            if backward and key in call.requires_grad:
-                t.requires_grad_(True)
-                leaves[key] = t
-            if not oracle and cast is not None and t.dtype != cast:
-                t = t.to(cast)
-            elif key in leaves and copy_leaves:
-                t = t.clone()
-        return t.to(dev) if dev.type != "cpu" else t
-
-    try:
-        args, kwargs = codec.decode_call(spec, list(call.arrays), tensor, where=api, device=dev)
-    except (ReplayRefused, NotReplayable):
-        raise
-    except ValueError as exc:
-        raise ReplayError(str(exc)) from None
-    args, kwargs = retarget(args, kwargs, dev, torch.float64 if oracle else None)
-    with torch.autocast(dev.type, enabled=False), torch.set_grad_enabled(backward):
-        try:
-            out = func(*args, **kwargs)
-        except Exception as exc:
-            raise ReplayError(f"{api}: the call failed on replay: {type(exc).__name__}: {exc}") from exc
-        outs = dict(codec.flatten_output(effective_output(out, args)))
-        result = {k: v.detach() for k, v in outs.items()}
-        if not backward or not leaves:
-            return result
-        pairs = []
-        for gkey in call.keys("backward_input."):
-            o = outs.get("output" + gkey[len("backward_input"):])
-            if o is None or not o.requires_grad:
-                continue
-            g = _fresh(call.arrays[gkey], torch_dtype(call.dtypes.get(gkey, "")), False)
-            if tuple(g.shape) != tuple(o.shape):
-                raise ReplayError(f"{api}: gradient {gkey} has shape {list(g.shape)}, the output {list(o.shape)}")
-            g = g.to(o.dtype)
-            if call.strides and not o.is_contiguous():
-                # inputs laid out as recorded (channels_last): their gradients flow in that layout too
-                g = torch.empty_like(o).copy_(g)
-            pairs.append((o, g))
-        if not pairs:
-            return result
-        keys = list(leaves)
-        try:
-            grads = torch.autograd.grad([o for o, _ in pairs], [leaves[k] for k in keys],
-                                        [g for _, g in pairs], allow_unused=True)
-        except Exception as exc:
-            raise ReplayError(f"{api}: backward failed on replay: {type(exc).__name__}: {exc}") from exc
-    for k, g in zip(keys, grads):
-        if g is not None:
-            result["backward_output" + k[len("input"):]] = g.detach()
-    return result
-
-
-def _fresh(arr: np.ndarray, want: Any, oracle: bool) -> Any:
-    """A tensor of its own memory holding ``arr`` in its recorded dtype ``want`` (float64 for a
-    floating one when ``oracle``); ``arr`` is shared and never written."""
-    import torch
-
-    base = torch.from_numpy(arr) if arr.flags.writeable else torch.from_numpy(np.array(arr, copy=True))
-    t = base
-    if want is not None and t.dtype != want:
-        t = t.to(want)
-    if oracle and t.is_floating_point():
-        t = t.to(torch.float64)
-    if t is base:
-        t = t.clone()
-    return t
+    return replay_call(func, api, spec, call.arrays, call.dtypes, dev, oracle=oracle, cast=cast,
+                       backward=backward, requires_grad=call.requires_grad, strides=call.strides).tensors
 
 
 def _np_native(t: Any) -> np.ndarray:
@@ -495,7 +406,8 @@ def out_of_memory(exc: BaseException) -> bool:
 
 
 def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
-                dev: Any, factor: float, seen: Sequence[str] = (), store: Optional[ArrayStore] = None) -> List[CallVerdict]:
+                dev: Any, factor: float, seen: Sequence[str] = (),
+                store: Optional[ArrayStore] = None) -> List[CallVerdict]:
     """The verdicts of one call (forward, and backward when recorded); never raises for the call.
     ``passes_through`` comes from the recorded data alone, so it is set even when not replayed."""
     recs = [r for r in (fwd, bwd) if r is not None]
@@ -580,8 +492,6 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
         idx = [call.arrays[k] for k in needed if call.arrays[k].dtype.kind in "iu"]
         if dim is None or not idx or any(B.has_duplicates(i, dim) for i in idx):
             return [_verdict(r, Status.NOT_JUDGED, str(special.treatment), **extra) for r in recs]
-
-    import torch
 
     func = resolve_api(fwd.api_type, fwd.api_name, fwd.key)  # ReplayRefused unless allowlisted
     guard_arrays(func, fwd.key, use, call.arrays, call.dtypes)  # AllocationRefused: over its outputs' size

@@ -1,12 +1,12 @@
 """Arguments are data: rebuild a call spec's arguments for replay, refusing anything else.
 
 Accepted (``docs/DESIGN.md``'s call spec): tensors of the dump (``{"t": "input.0"}``), numbers
-(integers within 64 bits),
-bools, None, ``{"size": [...]}`` of ints, slices, ellipsis, tuples and lists of these,
-``{"float": "nan"|"inf"|"-inf"}``, ``{"list_data"|"tuple_data": "input.0"}`` (a long list of numbers
-rebuilt from its saved data, which was recorded in float64/int64/bool); ``dtype``/``layout``/``memory_format`` tags only through the
-tables of :mod:`pytest_ptdbg.replayer.allowlist`; ``{"device": ...}`` tags and device strings become
-the replay device (their text is never parsed); a string only where the rule of its (API,
+(integers within 64 bits), bools, None, ``{"size": [...]}`` of ints, slices, ellipsis, tuples
+and lists of these, ``{"float": "nan"|"inf"|"-inf"}``, ``{"list_data"|"tuple_data": "input.0"}``
+(a long list of numbers rebuilt from its saved data, which was recorded in float64/int64/bool);
+``dtype``/``layout``/``memory_format`` tags only through the tables of
+:mod:`pytest_ptdbg.replayer.allowlist`; ``{"device": ...}`` tags and device strings become the
+replay device (their text is never parsed); a string only where the rule of its (API,
 parameter) allows it (:data:`~pytest_ptdbg.replayer.allowlist.STRING_RULES`). Never a callable.
 Anything else raises :class:`~pytest_ptdbg.judge.ReplayRefused` naming the record and argument.
 """

@@ -13,23 +13,21 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from pytest_ptdbg.errors import ReplayRefused
+from pytest_ptdbg.errors import NotReplayable, ReplayRefused
 from pytest_ptdbg.runtime.text import fmt_number
 from pytest_ptdbg.replayer import codec
 from pytest_ptdbg.replayer.allowlist import torch_dtype
-from pytest_ptdbg.replayer.engine import check_device, effective_output, parse_dtype, resolve_api, retarget
+from pytest_ptdbg.replayer.engine import check_device, parse_dtype, resolve_api
 from pytest_ptdbg.repro import package as pkgmod
 from pytest_ptdbg.repro.package import Package
 from pytest_ptdbg.errors import ReplayError
 
 __all__ = ["replay", "replay_package", "run_package", "resolve_api", "ReplayResult", "TensorCheck",
            "ReplayError", "ReplayRefused"]
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,11 +48,41 @@ def load_tensor(pkg: Package, key: str, device: Any, dtype: Any = None) -> Any:
     return t.to(device)
 
 
+class _PackageArrays(Mapping):
+    """The package's saved arrays by key, each read when the replay first asks for it."""
+
+    def __init__(self, pkg: Package) -> None:
+        self._pkg = pkg
+        self._keys = list(pkg.tensors)
+        self._loaded: Dict[str, np.ndarray] = {}
+
+    def __contains__(self, key: object) -> bool:  # no load (Mapping's default would load)
+        return key in self._keys
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self._keys:
+            raise KeyError(key)
+        if key not in self._loaded:
+            self._loaded[key] = np.ascontiguousarray(self._pkg.load_array(key))
+        return self._loaded[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[str, Any]:
-    """Run the package's call; returns ``{key: tensor}`` for forward outputs (``output.*``) and,
-    for a backward package, the produced gradients (``backward_output.*``). The API and its
-    arguments go through the judge first (``pytest_ptdbg/judge/``): ReplayRefused, nothing run."""
+    """Run the package's call by the replay engine (:func:`pytest_ptdbg.replayer.engine.replay_call`,
+    the judgement's rules); returns ``{key: tensor}`` for forward outputs (``output.*``) and, for a
+    backward package, the produced gradients (``backward_output.*``). ``dtype`` float64 is the
+    oracle; another dtype casts the floating inputs and floating ``dtype=`` arguments. The API and
+    its arguments go through the allowlist first (``pytest_ptdbg/replayer/``): ReplayRefused,
+    nothing run."""
     import torch
+
+    from pytest_ptdbg.replayer.engine import replay_call
 
     dev = check_device(str(device))
     dt = parse_dtype(dtype)
@@ -62,55 +90,22 @@ def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[st
     func = resolve_api(p.api_type, p.api_name, pkg.api)  # ReplayRefused unless allowlisted
     guard_package(func, pkg)  # AllocationRefused: it would make more than its recorded outputs
     backward = p.direction == "backward"
-    leaves: Dict[str, Any] = {}
-
-    def tensor(key: str) -> Any:
-        t = load_tensor(pkg, key, dev, dt)
-        if backward and pkg.tensors[key].requires_grad and (t.is_floating_point() or t.is_complex()):
-            leaf = t.requires_grad_(True)
-            leaves[key] = leaf
-            return leaf.clone()  # in-place APIs may modify their input; the leaf must stay intact
-        return t
-
+    oracle = dt == torch.float64
     try:
-        args, kwargs = codec.decode_call(pkg.call, list(pkg.tensors), tensor, where=pkg.api, device=dev)
+        done = replay_call(func, pkg.api, pkg.call, _PackageArrays(pkg), {k: i.dtype for k, i in pkg.tensors.items()},
+                           dev, oracle=oracle, cast=None if oracle else dt, cast_args=True, backward=backward,
+                           requires_grad={k for k, i in pkg.tensors.items() if i.requires_grad},
+                           draws=lambda: _same_draws(pkg, dev))
     except ReplayRefused:
         raise
-    except ValueError as exc:
+    except NotReplayable as exc:
         raise ReplayError(str(exc)) from None
-    args, kwargs = retarget(args, kwargs, dev, dt)
-    if not backward:
-        with torch.no_grad(), _same_draws(pkg, dev):
-            output = _call(pkg, func, args, kwargs)
-        return dict(codec.flatten_output(effective_output(output, args)))
-    if not leaves:
+    if backward and not done.leaves:
         raise ReplayError(f"{pkg.api}: no input requires grad; nothing to differentiate")
-    with torch.enable_grad():
-        with _same_draws(pkg, dev):
-            output = _call(pkg, func, args, kwargs)
-        outs = dict(codec.flatten_output(output))
-        pairs = []
-        for gkey in pkg.keys("backward_input"):
-            okey = "output" + gkey[len("backward_input"):]
-            out = outs.get(okey)
-            if out is None or not out.requires_grad:
-                continue
-            g = load_tensor(pkg, gkey, dev, dt).to(out.dtype)
-            if tuple(g.shape) != tuple(out.shape):
-                raise ReplayError(f"{pkg.api}: gradient {gkey} has shape {list(g.shape)}, "
-                                  f"but {okey} has shape {list(out.shape)}")
-            pairs.append((out, g))
-        if not pairs:
-            raise ReplayError(f"{pkg.api}: no output that requires grad has a saved incoming gradient "
-                              f"(backward_input.*); nothing to differentiate")
-        keys = list(leaves)
-        grads = torch.autograd.grad([o for o, _ in pairs], [leaves[k] for k in keys],
-                                    [g for _, g in pairs], allow_unused=True)
-    result = {k: v.detach() for k, v in outs.items()}
-    for k, g in zip(keys, grads):
-        if g is not None:
-            result["backward_output" + k[len("input"):]] = g
-    return result
+    if backward and not done.differentiated:
+        raise ReplayError(f"{pkg.api}: no output that requires grad has a saved incoming gradient "
+                          f"(backward_input.*); nothing to differentiate")
+    return done.tensors
 
 
 def guard_package(func: Callable, pkg: Package) -> None:
@@ -152,13 +147,6 @@ def _nptorch_dtype(name: str) -> Any:
         return torch.from_numpy(np.empty(0, dtype=np.dtype(name.split(".", 1)[-1]))).dtype
     except (TypeError, ValueError):
         return torch.float32
-
-
-def _call(pkg: Package, func: Callable, args: list, kwargs: dict) -> Any:
-    try:
-        return func(*args, **kwargs)
-    except Exception as exc:
-        raise ReplayError(f"{pkg.api}: the call failed on replay: {type(exc).__name__}: {exc}") from exc
 
 
 @contextlib.contextmanager
