@@ -44,7 +44,7 @@ from pytest_ptdbg.replayer.allowlist import torch_dtype
 from pytest_ptdbg.judge.verdicts import CallVerdict, DumpJudgement, Status
 from pytest_ptdbg.judge import not_judged as NJ
 
-__all__ = ["Status", "CallVerdict", "DumpJudgement", "judge_dump", "IGNORED_ARGUMENTS"]
+__all__ = ["Status", "CallVerdict", "DumpJudgement", "judge_dump", "judge_call", "IGNORED_ARGUMENTS"]
 
 #: non-tensor arguments that never change values (compared by nobody)
 IGNORED_ARGUMENTS = frozenset({"device", "_stacklevel", "inplace", "non_blocking", "memory_format",
@@ -85,7 +85,9 @@ def _is_float(dtype: str) -> bool:
     return "float" in dtype or "bfloat" in dtype or "half" in dtype or "double" in dtype
 
 
-def _lowest(dtypes: Sequence[str]) -> Optional[str]:
+def compute_dtype(dtypes: Sequence[str]) -> Optional[str]:
+    """A call's compute dtype from its recorded output dtypes: the lowest floating precision among
+    them (None: no floating output)."""
     fl = [d for d in dtypes if _is_float(d) and "complex" not in d]
     return max(fl, key=B.unit_roundoff) if fl else None
 
@@ -496,7 +498,7 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     func = resolve_api(fwd.api_type, fwd.api_name, fwd.key)  # ReplayRefused unless allowlisted
     guard_arrays(func, fwd.key, use, call.arrays, call.dtypes)  # AllocationRefused: over its outputs' size
     out_dtypes = [call.dtypes[k] for k in call.keys("output.")]
-    compute = _lowest(out_dtypes)
+    compute = compute_dtype(out_dtypes)
     cast = torch_dtype(compute) if compute else None
     backward = bwd is not None and bool(call.keys("backward_input.")) and bool(call.keys("backward_output."))
     orc = _run(func, fwd.key, use, call, dev, True, None, backward)
@@ -739,3 +741,17 @@ def _judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump
     if progress is not None:
         progress(out.summary())
     return out
+
+
+def judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec] = None, *, device: Any = "cpu",
+               factor: float = B.FACTOR) -> List[CallVerdict]:
+    """The verdicts of one recorded call by itself, as :func:`judge_dump` judges each call of a
+    dump: its forward (``fwd``, with its call spec and saved tensors) and, with ``bwd``, its
+    backward, each by its own error against its budget. ``ptdbg replay PACKAGE`` judges a
+    reproduction package by this (``repro/runner.py``). Never raises for the call."""
+    import torch
+
+    from pytest_ptdbg.replayer.engine import check_device
+
+    dev = device if isinstance(device, torch.device) else check_device(str(device))
+    return _judge_call(fwd, bwd, None, dev, factor, (), ArrayStore())

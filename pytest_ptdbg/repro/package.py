@@ -341,3 +341,40 @@ def _read_json(path: str) -> Any:
     if not nesting_ok(doc, MAX_DEPTH, brackets):
         raise ValueError(f"{path}: JSON nested deeper than {MAX_DEPTH} levels")
     return doc
+
+
+def package_records(pkg: Package) -> Tuple[Any, Optional[Any]]:
+    """The package's call as the dump's records (``dump.reader.ApiRec``: its forward, with the call
+    spec and the saved tensors, and its backward for a backward package), so that the judgement
+    judges it as it judges a call of a dump."""
+    from pytest_ptdbg.dump.reader import ApiRec, TensorRec
+
+    p = pkg.parsed
+
+    def rec(direction: str) -> Any:
+        return ApiRec(records.api_key(p.api_type, p.api_name, p.call_index, direction), p.api_type, p.api_name,
+                      p.call_index, direction, 0, stack=pkg.stack or None)
+
+    def tensor(owner: Any, key: str, io: str, extra: dict) -> Any:
+        info = pkg.tensors[key]
+        index = tuple(int(i) for i in key.split(".")[1:])
+        slot = f"{io}." + ".".join(str(i) for i in index)
+        return TensorRec(f"{owner.key}_{slot}", owner.key, io, index, owner.direction, info.dtype,
+                         tuple(info.shape), [], extra, 0, data_file=pkg.file_path(key), slot=slot)
+
+    fwd = rec("forward")
+    first = True
+    for io in ("input", "output"):
+        for key in pkg.keys(io):
+            extra: Dict[str, Any] = {"rg": True} if io == "input" and pkg.tensors[key].requires_grad else {}
+            if first:
+                extra["call"] = pkg.call
+                first = False
+            fwd.tensors.append(tensor(fwd, key, io, extra))
+    if p.direction != "backward":
+        return fwd, None
+    bwd = rec("backward")
+    for io in ("input", "output"):
+        for key in pkg.keys("backward_" + io):
+            bwd.tensors.append(tensor(bwd, key, io, {}))
+    return fwd, bwd

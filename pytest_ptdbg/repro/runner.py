@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 import numpy as np
 
 from pytest_ptdbg.errors import NotReplayable, ReplayRefused
+from pytest_ptdbg.judge.verdicts import CallVerdict, Status
 from pytest_ptdbg.runtime.text import fmt_number
 from pytest_ptdbg.replayer import codec
 from pytest_ptdbg.replayer.allowlist import torch_dtype
@@ -198,7 +199,8 @@ class TensorCheck:
 
 @dataclass
 class ReplayResult:
-    """What a replay found: one :class:`TensorCheck` per compared tensor."""
+    """What a replay found: one :class:`TensorCheck` per compared tensor and, under the
+    ``"budget"`` rule, the judgement's verdict of the call (:attr:`verdict`)."""
 
     package: str
     api: str
@@ -206,9 +208,24 @@ class ReplayResult:
     dtype: Optional[str]
     checks: List[TensorCheck]
     outputs: Dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    #: ``"budget"`` (the judgement's own error against its budget), ``"dtype"`` or ``"ptdbg"``
+    #: (the compare stage's per-tensor rule)
+    rule: str = "dtype"
+    #: the call's verdict by :func:`pytest_ptdbg.judge.own_error.judge_call` (rule ``"budget"``)
+    verdict: Optional[CallVerdict] = None
+
+    @property
+    def by_budget(self) -> bool:
+        """Whether the verdict is the budget's: rule ``"budget"`` and the judgement judged the call
+        (or found it unusable); otherwise the per-tensor rule decides."""
+        v = self.verdict
+        return self.rule == "budget" and v is not None and (v.status != Status.NOT_JUDGED or v.unusable)
 
     @property
     def passed(self) -> bool:
+        if self.by_budget:
+            assert self.verdict is not None
+            return self.verdict.status == Status.WITHIN
         return all(c.passed for c in self.checks)
 
     @property
@@ -223,7 +240,9 @@ class ReplayResult:
         return max(self.checks, key=lambda c: (not c.passed, _nan_low(c.rel_l2), _nan_low(c.max_abs_err)))
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "outputs"}
+        d = {k: v for k, v in asdict(self).items() if k not in ("outputs", "verdict")}
+        d["verdict"] = self.verdict.to_dict() if self.verdict is not None else None
+        d["by_budget"] = self.by_budget
         d["passed"] = self.passed
         d["identical"] = self.identical
         return d
@@ -231,10 +250,22 @@ class ReplayResult:
     def text(self) -> str:
         """A short table for the console."""
         how = f"on {self.device}" + (f" in {self.dtype}" if self.dtype else "")
-        head = f"replay of {self.api} {how}: " + (
-            "identical to the saved result" if self.identical else "PASSED" if self.passed else "FAILED")
-        lines = [head, f"{'tensor':<22} {'dtype':<15} {'cosine':>10} {'max abs err':>12} "
-                       f"{'max rel err':>12} {'rel L2':>10}  ok"]
+        if self.by_budget:
+            head = f"replay of {self.api} {how}: " + ("PASSED" if self.passed else "FAILED") + (
+                " (the replay is identical to the saved result)" if self.identical else "")
+        else:
+            head = f"replay of {self.api} {how}: " + (
+                "identical to the saved result" if self.identical else "PASSED" if self.passed else "FAILED")
+        lines = [head]
+        v = self.verdict
+        if self.by_budget and v is not None:
+            word = "could not be judged" if v.unusable else v.status.value
+            lines.append(f"verdict (compare's judgement): {word}: {v.text().split(': ', 1)[-1]}")
+        elif self.rule == "budget" and v is not None:
+            lines.append(f"not judged by the budget ({v.reason}); verdict by the per-tensor dtype rule")
+        ok = "ok" if not self.by_budget else "ok (dtype rule)"
+        lines.append(f"{'tensor':<22} {'dtype':<15} {'cosine':>10} {'max abs err':>12} "
+                     f"{'max rel err':>12} {'rel L2':>10}  {ok}")
         for c in self.checks:
             lines.append(f"{c.key:<22} {c.dtype:<15} {fmt_number(c.cosine):>10} {fmt_number(c.max_abs_err):>12} "
                          f"{fmt_number(c.max_rel_err):>12} {fmt_number(c.rel_l2):>10}  {'yes' if c.passed else 'NO'}"
@@ -262,9 +293,28 @@ def compare_tensor(key: str, expected: np.ndarray, expected_dtype: str, actual: 
     return TensorCheck(key, expected_dtype, replay_dtype, tuple(expected.shape), identical=same, **m)
 
 
+def judge_package(pkg: Package, device: Any = "cpu") -> CallVerdict:
+    """The package's call judged as compare judges it (:func:`pytest_ptdbg.judge.own_error.judge_call`:
+    its own error, saved result against a float64 replay, within its budget, a replay in its
+    compute dtype): the verdict of the package's direction."""
+    from pytest_ptdbg.judge.own_error import judge_call
+
+    fwd, bwd = pkgmod.package_records(pkg)
+    verdicts = judge_call(fwd, bwd, device=device)
+    return next((v for v in verdicts if v.direction == pkg.direction), verdicts[0])
+
+
+RULES = ("budget", "dtype", "ptdbg")
+
+
 def replay_package(pkg: Package, device: Any = "cpu", dtype: Any = None, rule: str = "dtype",
                    against: Optional[Dict[str, np.ndarray]] = None) -> ReplayResult:
-    """Replay a loaded package; compare with its saved results (or with ``against``)."""
+    """Replay a loaded package; compare with its saved results (or with ``against``). Rule
+    ``"budget"``: also judge the call by its own error against its budget (:func:`judge_package`),
+    which then decides; the per-tensor checks use the ``"dtype"`` rule."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
+    per_tensor = "dtype" if rule == "budget" else rule
     produced = run_package(pkg, device, dtype)
     checks: List[TensorCheck] = []
     keys = list(against) if against is not None else pkg.expected_keys
@@ -275,20 +325,24 @@ def replay_package(pkg: Package, device: Any = "cpu", dtype: Any = None, rule: s
             checks.append(TensorCheck(key, exp_dtype, "", tuple(expected.shape), math.nan, math.nan, math.nan,
                                       math.nan, math.nan, math.nan, False, "the replay did not produce it"))
             continue
-        checks.append(compare_tensor(key, expected, exp_dtype, produced[key], rule))
+        checks.append(compare_tensor(key, expected, exp_dtype, produced[key], per_tensor))
     dt = parse_dtype(dtype)
+    verdict = judge_package(pkg, device) if rule == "budget" and against is None else None
     return ReplayResult(pkg.path, pkg.api, str(device), str(dt).replace("torch.", "") if dt else None, checks,
-                        {k: codec.to_numpy(v) for k, v in produced.items()})
+                        {k: codec.to_numpy(v) for k, v in produced.items()}, rule, verdict)
 
 
 def replay(package_dir: str, device: str = "cpu", dtype: Union[str, Any, None] = None,
-           rule: str = "dtype") -> ReplayResult:
+           rule: str = "budget") -> ReplayResult:
     """Load the reproduction package in ``package_dir``, run its API on ``device`` from the saved
     inputs (floating inputs and floating dtype arguments cast to ``dtype`` if given) and compare
     with the saved result.
 
-    ``rule`` is a ``compare.verdict`` rule: ``"dtype"`` (default: the assert_close tolerances of
-    the lower-precision side, right for identical inputs) or ``"ptdbg"`` (ptdbg's loose rule).
+    ``rule``: ``"budget"`` (default: the verdict compare's judgement gives this call, its own error
+    against its budget, :func:`judge_package`; a call the judgement does not judge by value, such as
+    a random one, falls back to ``"dtype"``), or a ``compare.verdict`` rule for every tensor:
+    ``"dtype"`` (the assert_close tolerances of the lower-precision side) or ``"ptdbg"`` (ptdbg's
+    loose rule).
     Raises FileNotFoundError/ValueError for a bad package, ReplayRefused (a ValueError) before any
     call when its API is not in the judge's allowlist or an argument is not data, ReplayError when
     it cannot run.
