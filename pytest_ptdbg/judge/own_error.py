@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from pytest_ptdbg.comparison.arguments import IGNORED
 from pytest_ptdbg.dump import reader
 from pytest_ptdbg.dump.validate import call_problem
 from pytest_ptdbg.errors import AllocationRefused, NotReplayable, ReplayError, ReplayRefused
@@ -46,9 +47,8 @@ from pytest_ptdbg.judge import not_judged as NJ
 
 __all__ = ["Status", "CallVerdict", "DumpJudgement", "judge_dump", "judge_call", "IGNORED_ARGUMENTS"]
 
-#: non-tensor arguments that never change values (compared by nobody)
-IGNORED_ARGUMENTS = frozenset({"device", "_stacklevel", "inplace", "non_blocking", "memory_format",
-                               "layout", "pin_memory", "requires_grad", "out"})
+#: non-tensor arguments that never change values: the compare's one list (compared by nobody)
+IGNORED_ARGUMENTS = IGNORED
 
 
 # ----------------------------------------------------------------------------------- helpers
