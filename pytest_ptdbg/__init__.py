@@ -30,7 +30,7 @@ _EXPORTS = {
     "ConfigError": "pytest_ptdbg.errors",
     "DeviceUnavailable": "pytest_ptdbg.errors",
     "DumpPathInUseError": "pytest_ptdbg.errors",
-    "replay": "pytest_ptdbg.judge.runner",
+    "replay": "pytest_ptdbg.repro.runner",
     "ReplayRefused": "pytest_ptdbg.errors",
 }
 

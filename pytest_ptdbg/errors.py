@@ -61,12 +61,12 @@ class ReplayRefused(PtdbgError, ValueError):
         self.argument = argument
         self.reason = reason
         where = f"{api}: argument {argument}: " if argument else f"{api}: "
-        super().__init__(f"{where}{reason}; not replayed (see pytest_ptdbg/judge/allowlist.py)")
+        super().__init__(f"{where}{reason}; not replayed (see pytest_ptdbg/replayer/allowlist.py)")
 
 
 class AllocationRefused(ReplayRefused):
     """A replay refused before any call: its arguments would make more than its record's outputs
-    (``pytest_ptdbg/judge/allocation.py``); the record is unusable data, never a pass."""
+    (``pytest_ptdbg/replayer/allocation.py``); the record is unusable data, never a pass."""
 
 
 class ReplayError(PtdbgError, RuntimeError):

@@ -291,9 +291,9 @@ def advice_for(facts: AdviceFacts) -> str:
     if direction == "backward" and kind == "own" and role != "amplifier" and input_error < 1e-4:
         what += "Only its backward is wrong: the forward agrees. "
     key = api or f"{family}_<k>_{direction}"
-    replay = (f"Replay this call alone to confirm: dump it with configure_hook(mode=\"acl\", "
-              f"scope=[\"{key}\"], acl_config=...) and run `ptdbg replay PACKAGE` on both "
-              "devices (--dtype float64 for an oracle).")
+    replay = (f"To reproduce this call alone: dump it with configure_hook(mode=\"acl\", "
+              f"scope=[\"{key}\"], acl_config=...) and run `ptdbg replay PACKAGE` (it judges the "
+              "saved call by the same own-error budget as compare's judgement).")
     lp = _low_precision(list(npu_dtypes) + list(bench_dtypes))
 
     if category == NONFINITE:

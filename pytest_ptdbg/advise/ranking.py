@@ -38,7 +38,7 @@ def advice_for_cause(rc: Finding, category: FaultCategory) -> str:
     key = rc.api
     where = "its produced gradients" if rc.direction == S.BACKWARD else "its outputs"
     replay = (f'Reproduce it alone: configure_hook(mode="acl", scope=["{key}"]) and `ptdbg replay '
-              "PACKAGE --dtype float64`.")
+              "PACKAGE` (the same own-error budget as this verdict).")
     if category == FaultCategory.CHANGED_ARGUMENT:
         return (f"{op} is called with other non-tensor arguments than on the bench ({rc.detail}). "
                 "Use the same value on both sides: check the model config, a default that changed "

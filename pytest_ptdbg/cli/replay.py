@@ -1,7 +1,9 @@
 """``ptdbg replay PACKAGE --device cpu|cuda|npu [--dtype float64] [--script OUT.py] [--json]``.
 
 Registered by ``pytest_ptdbg/cli/`` through :func:`add_parser`; the handler returns the exit
-status: 0 when every replayed tensor passes the verdict rule, 1 when one fails, 2 when the replay
+status: 0 when the call passes (by default: its own error within its budget, the verdict
+compare's judgement gives it; with ``--rule dtype|ptdbg``: every replayed tensor passes that
+rule), 1 when it fails, 2 when the replay
 cannot run (bad arguments, a path that is not a package, an API that cannot be re-run).
 """
 from __future__ import annotations
@@ -18,17 +20,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser(
         "replay", epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="run one saved API call again (a reproduction package) and compare with the saved result",
+        help="run one saved API call again (a reproduction package) and judge the saved result",
         description="Run the API of a reproduction package (written by mode='acl' or "
-                    "hook_name='overflow_check') from its saved inputs and compare the result with the "
-                    "saved one, using the compare metrics and verdict rule.",
+                    "hook_name='overflow_check') from its saved inputs and judge the saved result as "
+                    "compare's judgement does: its own error (against a float64 replay) within its "
+                    "budget (a replay in its compute dtype); the compare metrics of every tensor are shown.",
     )
     p.add_argument("package", help="reproduction package directory (holds package.json)")
     p.add_argument("--device", default="cpu", help="cpu, cuda[:i] or npu[:i] (default cpu)")
     p.add_argument("--dtype", default=None,
                    help="cast floating-point inputs first, e.g. float64 for an oracle")
-    p.add_argument("--rule", choices=("dtype", "ptdbg"), default="dtype",
-                   help="verdict rule: dtype (assert_close tolerances, default) or ptdbg")
+    p.add_argument("--rule", choices=("budget", "dtype", "ptdbg"), default="budget",
+                   help="verdict: budget (own error within its budget, as compare judges; default), or a "
+                        "per-tensor rule: dtype (assert_close tolerances) or ptdbg")
     p.add_argument("--script", metavar="OUT.py", default=None,
                    help="write a standalone Python script for the package instead of replaying it")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -38,11 +42,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Handler of ``ptdbg replay``."""
-    from pytest_ptdbg.judge.runner import ReplayError, replay
+    from pytest_ptdbg.repro.runner import ReplayError, replay
 
     try:
         if args.script:
-            from pytest_ptdbg.judge.script import write_script
+            from pytest_ptdbg.repro.script import write_script
 
             path = write_script(args.package, args.script)
             print(f"wrote {path}: python {path} [--device cpu] [--dtype float64]")

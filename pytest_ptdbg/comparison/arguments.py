@@ -14,7 +14,8 @@ form by ``dump/reader.py``) and are normalised before they are compared:
   rank of the call's first input tensor (its rank + 1 for ``unsqueeze``/``stack``), so ``-1`` on a
   3-d input equals ``2``;
 - lists and tuples are the same; devices and the parameters :data:`IGNORED` (``device``,
-  ``_stacklevel``, ``inplace``, ``non_blocking``, ``memory_format``) are not compared; ``None``
+  ``_stacklevel``, ``inplace``, ``non_blocking``, ``memory_format``, ``layout``, ``pin_memory``,
+  ``requires_grad``, ``out``; why for each: :data:`IGNORED_WHY`) are not compared; ``None``
   equals an omitted parameter;
 - two floating-point dtypes (``x.to(q.dtype)``: bf16 under autocast, fp32 on the bench), or two of
   their ``finfo`` numbers (``masked_fill(mask, torch.finfo(dtype).min)``), are not a changed
@@ -45,11 +46,23 @@ if TYPE_CHECKING:
 
 from pytest_ptdbg.runtime.dtypes import FLOATS, STEP_FLOATS
 
-__all__ = ["ArgLeaf", "MISSING", "IGNORED", "SIGNATURES", "FLOAT_RTOL", "call_spec", "compare_arguments",
+__all__ = ["ArgLeaf", "MISSING", "IGNORED", "IGNORED_WHY", "SIGNATURES", "FLOAT_RTOL", "call_spec", "compare_arguments",
            "format_value", "is_scalar_record", "signature"]
 
-#: parameters that never change the numbers a call computes
-IGNORED = frozenset({"device", "_stacklevel", "inplace", "non_blocking", "memory_format"})
+#: the one list of parameters that never change the numbers a call computes, each with why; neither
+#: the compare's argument rows nor the judgement's ``changed_args`` (``judge/own_error.py``) compare them
+IGNORED_WHY = {
+    "device": "where the call runs: the replay and the bench run on their own device",
+    "_stacklevel": "which frame a warning names",
+    "inplace": "whether the result overwrites the input (the same values either way)",
+    "non_blocking": "whether a copy waits for the transfer (the same values)",
+    "memory_format": "the result's layout in memory, not its values",
+    "layout": "strided or sparse storage of the same values",
+    "pin_memory": "page-locked host memory for faster transfers (the same values)",
+    "requires_grad": "whether autograd records the result (the gradients are compared as tensors)",
+    "out": "the tensor the result is written to (compared as the output)",
+}
+IGNORED = frozenset(IGNORED_WHY)
 #: parameters holding dimensions, normalised modulo the input's rank
 DIM_PARAMS = frozenset({"dim", "dim0", "dim1", "dims", "start_dim", "end_dim", "source", "destination"})
 #: APIs whose dimension ranges over rank + 1 (they insert one)

@@ -1,5 +1,5 @@
 """The call spec: a JSON description of an API call's arguments (the encode side; the judge decodes it,
-as data only, in ``pytest_ptdbg/judge/arguments.py``).
+as data only, in ``pytest_ptdbg/replayer/arguments.py``).
 
 Format (``docs/DESIGN.md``): ``{"args": [...], "kwargs": {...}}``; a tensor argument is
 ``{"t": "input.0"}`` (its tensor key suffix, indexed as in ``sink.py``); ``int/float/bool/str/None``

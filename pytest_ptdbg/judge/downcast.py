@@ -23,7 +23,7 @@ paired with a bench call that does not lower its input, are examined.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -94,8 +94,8 @@ def _replay_upcast(consumer: reader.ApiRec, slot: str, value: np.ndarray, value_
 
     from pytest_ptdbg.errors import NotReplayable, ReplayError, ReplayRefused
     from pytest_ptdbg.judge import own_error as OE
-    from pytest_ptdbg.judge import package as pkgmod
-    from pytest_ptdbg.judge.runner import _retarget, effective_output, resolve_api
+    from pytest_ptdbg.replayer.allowlist import torch_dtype
+    from pytest_ptdbg.replayer.engine import replay_call, resolve_api
 
     spec = OE._call_spec(consumer)
     if spec is None:
@@ -108,20 +108,13 @@ def _replay_upcast(consumer: reader.ApiRec, slot: str, value: np.ndarray, value_
     if any(k not in call.arrays for k in OE._tensor_refs(spec)):
         return None
 
-    def tensor(key: str) -> Any:
-        if key == slot:
-            return torch.from_numpy(np.array(value, copy=True)).to(OE._torch_dtype(value_dtype))
-        return OE._fresh(call.arrays[key], OE._torch_dtype(call.dtypes.get(key, "")), False)
-
-    low_dt = OE._torch_dtype(low)
+    low_dt = torch_dtype(low)
     if low_dt not in (torch.bfloat16, torch.float16):
         return None
+    arrays, dtypes = {**call.arrays, slot: value}, {**call.dtypes, slot: value_dtype}
     try:
-        args, kwargs = pkgmod.decode_call(spec, list(call.arrays), tensor, where=consumer.key, device=dev)
-        args, kwargs = _retarget(args, kwargs, dev, None)
-        with torch.no_grad(), torch.autocast(dev.type, dtype=low_dt):
-            out = func(*args, **kwargs)
-        return [t.dtype for _, t in pkgmod.flatten_output(effective_output(out, args)) if t.is_floating_point()]
+        out = replay_call(func, consumer.key, spec, arrays, dtypes, dev, autocast=low_dt)
+        return [t.dtype for k, t in out.tensors.items() if k.startswith("output.") and t.is_floating_point()]
     except Exception:  # noqa: BLE001 - any failure of a replay is "no evidence", never a verdict
         return None
 

@@ -26,7 +26,6 @@ differ are also listed on the verdict (``changed_args``).
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 import time
@@ -34,6 +33,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from pytest_ptdbg.comparison.arguments import IGNORED
 from pytest_ptdbg.dump import reader
 from pytest_ptdbg.dump.validate import call_problem
 from pytest_ptdbg.errors import AllocationRefused, NotReplayable, ReplayError, ReplayRefused
@@ -41,14 +41,15 @@ from pytest_ptdbg.format import records
 from pytest_ptdbg.runtime.gc_pause import paused_gc
 from pytest_ptdbg.judge import budget as B
 from pytest_ptdbg.judge.arrays import ArrayStore
+from pytest_ptdbg.replayer.allowlist import torch_dtype
 from pytest_ptdbg.judge.verdicts import CallVerdict, DumpJudgement, Status
+from pytest_ptdbg.replayer.modes import MathModes, recorded_modes
 from pytest_ptdbg.judge import not_judged as NJ
 
-__all__ = ["Status", "CallVerdict", "DumpJudgement", "judge_dump", "IGNORED_ARGUMENTS"]
+__all__ = ["Status", "CallVerdict", "DumpJudgement", "judge_dump", "judge_call", "IGNORED_ARGUMENTS"]
 
-#: non-tensor arguments that never change values (compared by nobody)
-IGNORED_ARGUMENTS = frozenset({"device", "_stacklevel", "inplace", "non_blocking", "memory_format",
-                               "layout", "pin_memory", "requires_grad", "out"})
+#: non-tensor arguments that never change values: the compare's one list (compared by nobody)
+IGNORED_ARGUMENTS = IGNORED
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -76,7 +77,7 @@ def _malformed_spec(rec: reader.ApiRec) -> str:
 
 
 def _tensor_refs(spec: Any) -> List[str]:
-    from pytest_ptdbg.judge.package import tensor_refs
+    from pytest_ptdbg.replayer.codec import tensor_refs
 
     return tensor_refs(spec)
 
@@ -85,7 +86,9 @@ def _is_float(dtype: str) -> bool:
     return "float" in dtype or "bfloat" in dtype or "half" in dtype or "double" in dtype
 
 
-def _lowest(dtypes: Sequence[str]) -> Optional[str]:
+def compute_dtype(dtypes: Sequence[str]) -> Optional[str]:
+    """A call's compute dtype from its recorded output dtypes: the lowest floating precision among
+    them (None: no floating output)."""
     fl = [d for d in dtypes if _is_float(d) and "complex" not in d]
     return max(fl, key=B.unit_roundoff) if fl else None
 
@@ -103,7 +106,7 @@ def _skip(x: Any) -> bool:
 
 def _follows(x: Any, y: Any, seen: Optional[Sequence[str]]) -> bool:
     """A ``finfo`` number of the device's precision against the bench's (not a change)."""
-    from pytest_ptdbg.judge.arguments import follows_precision
+    from pytest_ptdbg.replayer.arguments import follows_precision
 
     return follows_precision(x, y, seen)
 
@@ -195,8 +198,8 @@ class _Call:
         self.requires_grad: set = set()
         #: input key -> the strides the device's kernel saw it with (dense, not row-major)
         self.strides: Dict[str, Tuple[int, ...]] = {}
-        #: the math modes the device's call ran under (:func:`_recorded_modes`)
-        self.modes: RecordedModes = RecordedModes()
+        #: the math modes the device's call ran under (its call spec's ``"modes"``)
+        self.modes: MathModes = MathModes()
         for rec, prefix in ((fwd, ""), (bwd, "backward_")):
             if rec is None:
                 continue
@@ -243,112 +246,20 @@ class _Call:
         return self.store.rms_upper.get(fid) if fid is not None else None
 
 
-@functools.lru_cache(maxsize=256)  # a handful of dtype names, asked for every tensor
-def _torch_dtype(name: str) -> Any:
-    from pytest_ptdbg.judge.allowlist import dtype_of
-
-    n = name.split(".", 1)[1] if name.startswith(("torch.", "numpy.")) else name
-    return dtype_of(n)
-
-
 def _run(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bool, cast: Any,
          backward: bool) -> Dict[str, Any]:
-    """One replay: ``{output.i: tensor}`` and, with ``backward``, ``{backward_output.j: grad}``.
+    """One replay by the engine (:func:`pytest_ptdbg.replayer.engine.replay_call`): ``{output.i:
+    tensor}`` and, with ``backward``, ``{backward_output.j: grad}``; the oracle with ``oracle``,
+    else the floating inputs cast to ``cast`` (the compute dtype; None: as recorded) under the
+    device's recorded autocast (a correct kernel in that mode computes so). Both honour a recorded
+    oneDNN switch."""
+    from pytest_ptdbg.replayer.engine import replay_call
 
-    With ``backward`` the inputs that require grad are autograd leaves, passed to the call as they
-    are (autograd refuses an in-place change of a leaf that requires grad, so a call that would
-    change one fails), and on a failure the call is replayed again with copies of the leaves,
-    which in-place calls may change (the same numbers: a copy's gradient is its leaf's)."""
-    if not backward:
-        return _run_once(func, api, spec, call, dev, oracle, cast, False, True)
-    try:
-        return _run_once(func, api, spec, call, dev, oracle, cast, True, False)
-    except ReplayError:
-        return _run_once(func, api, spec, call, dev, oracle, cast, True, True)
-
-
-def _run_once(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bool, cast: Any,
-              backward: bool, copy_leaves: bool) -> Dict[str, Any]:
-    import torch
-
-    from pytest_ptdbg.judge import package as pkgmod
-    from pytest_ptdbg.judge.runner import _retarget, effective_output
-
-    leaves: Dict[str, Any] = {}
-
-    def tensor(key: str) -> Any:
-        t = _fresh(call.arrays[key], _torch_dtype(call.dtypes.get(key, "")),
-                   oracle)  # own memory: in-place calls change only it
-        st = call.strides.get(key)
-        if st is not None and tuple(t.shape) and len(st) == t.dim():
-            t = torch.empty_strided(t.shape, st, dtype=t.dtype).copy_(t)  # the layout it was called with
-        if t.is_floating_point():
-            if backward and key in call.requires_grad:
-                t.requires_grad_(True)
-                leaves[key] = t
-            if not oracle and cast is not None and t.dtype != cast:
-                t = t.to(cast)
-            elif key in leaves and copy_leaves:
-                t = t.clone()
-        return t.to(dev) if dev.type != "cpu" else t
-
-    try:
-        args, kwargs = pkgmod.decode_call(spec, list(call.arrays), tensor, where=api, device=dev)
-    except (ReplayRefused, NotReplayable):
-        raise
-    except ValueError as exc:
-        raise ReplayError(str(exc)) from None
-    args, kwargs = _retarget(args, kwargs, dev, torch.float64 if oracle else None)
-    with call.modes.context(dev, oracle), torch.set_grad_enabled(backward):
-        try:
-            out = func(*args, **kwargs)
-        except Exception as exc:
-            raise ReplayError(f"{api}: the call failed on replay: {type(exc).__name__}: {exc}") from exc
-        outs = dict(pkgmod.flatten_output(effective_output(out, args)))
-        result = {k: v.detach() for k, v in outs.items()}
-        if not backward or not leaves:
-            return result
-        pairs = []
-        for gkey in call.keys("backward_input."):
-            o = outs.get("output" + gkey[len("backward_input"):])
-            if o is None or not o.requires_grad:
-                continue
-            g = _fresh(call.arrays[gkey], _torch_dtype(call.dtypes.get(gkey, "")), False)
-            if tuple(g.shape) != tuple(o.shape):
-                raise ReplayError(f"{api}: gradient {gkey} has shape {list(g.shape)}, the output {list(o.shape)}")
-            g = g.to(o.dtype)
-            if call.strides and not o.is_contiguous():
-                # inputs laid out as recorded (channels_last): their gradients flow in that layout too
-                g = torch.empty_like(o).copy_(g)
-            pairs.append((o, g))
-        if not pairs:
-            return result
-        keys = list(leaves)
-        try:
-            grads = torch.autograd.grad([o for o, _ in pairs], [leaves[k] for k in keys],
-                                        [g for _, g in pairs], allow_unused=True)
-        except Exception as exc:
-            raise ReplayError(f"{api}: backward failed on replay: {type(exc).__name__}: {exc}") from exc
-    for k, g in zip(keys, grads):
-        if g is not None:
-            result["backward_output" + k[len("input"):]] = g.detach()
-    return result
-
-
-def _fresh(arr: np.ndarray, want: Any, oracle: bool) -> Any:
-    """A tensor of its own memory holding ``arr`` in its recorded dtype ``want`` (float64 for a
-    floating one when ``oracle``); ``arr`` is shared and never written."""
-    import torch
-
-    base = torch.from_numpy(arr) if arr.flags.writeable else torch.from_numpy(np.array(arr, copy=True))
-    t = base
-    if want is not None and t.dtype != want:
-        t = t.to(want)
-    if oracle and t.is_floating_point():
-        t = t.to(torch.float64)
-    if t is base:
-        t = t.clone()
-    return t
+    modes = call.modes
+    autocast = torch_dtype(modes.autocast) if modes.autocast and not oracle else None
+    return replay_call(func, api, spec, call.arrays, call.dtypes, dev, oracle=oracle, cast=cast,
+                       autocast=autocast, mkldnn=modes.mkldnn, backward=backward,
+                       requires_grad=call.requires_grad, strides=call.strides).tensors
 
 
 def _np_native(t: Any) -> np.ndarray:
@@ -415,7 +326,7 @@ def _passes_through(call: _Call, outs: Sequence[str], ins: Sequence[str], rounde
     cands = [call.arrays[k] for k in ins if k in call.arrays and call.arrays[k].dtype.kind == "f"]
     for k in got:
         o = call.arrays[k]
-        want = _torch_dtype(call.dtypes.get(k, "")) if rounded else None
+        want = torch_dtype(call.dtypes.get(k, "")) if rounded else None
         if not any(c.shape == o.shape and _same_values(c, o, want) for c in cands):
             return False
     return True
@@ -505,7 +416,8 @@ def out_of_memory(exc: BaseException) -> bool:
 
 
 def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
-                dev: Any, factor: float, seen: Sequence[str] = (), store: Optional[ArrayStore] = None) -> List[CallVerdict]:
+                dev: Any, factor: float, seen: Sequence[str] = (),
+                store: Optional[ArrayStore] = None) -> List[CallVerdict]:
     """The verdicts of one call (forward, and backward when recorded); never raises for the call.
     ``passes_through`` comes from the recorded data alone, so it is set even when not replayed."""
     recs = [r for r in (fwd, bwd) if r is not None]
@@ -553,8 +465,8 @@ def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Opt
 
 def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
                  dev: Any, factor: float, seen: Sequence[str] = ()) -> List[CallVerdict]:
-    from pytest_ptdbg.judge.allocation import guard_arrays
-    from pytest_ptdbg.judge.runner import resolve_api
+    from pytest_ptdbg.replayer.allocation import guard_arrays
+    from pytest_ptdbg.replayer.engine import resolve_api
 
     recs = [r for r in (fwd, bwd) if r is not None]
     spec = _call_spec(fwd)
@@ -574,13 +486,13 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     if any(k not in call.arrays for k in needed) or not call.keys("output."):
         return [_verdict(r, Status.NOT_JUDGED, "statistics only (no saved tensors)") for r in recs]
     call.strides = _recorded_strides(spec, call, fwd.key)
-    call.modes = _recorded_modes(spec, fwd.key)
+    call.modes = recorded_modes(spec, fwd.key)
 
     # the bench's arguments, when the pairing matched this call to the same API with the same tensors
     use, changed, lowered, from_bench = spec, [], [], False
     bspec = _call_spec(bench_fwd)
     if bspec is not None and bench_fwd.family == fwd.family and set(_tensor_refs(bspec)) <= set(call.arrays):
-        from pytest_ptdbg.judge.arguments import with_own_precision
+        from pytest_ptdbg.replayer.arguments import with_own_precision
 
         lowered = lowered_precision(spec, bspec, seen)
         changed = changed_arguments(spec, bspec, seen) + lowered
@@ -592,13 +504,11 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
         if dim is None or not idx or any(B.has_duplicates(i, dim) for i in idx):
             return [_verdict(r, Status.NOT_JUDGED, str(special.treatment), **extra) for r in recs]
 
-    import torch
-
     func = resolve_api(fwd.api_type, fwd.api_name, fwd.key)  # ReplayRefused unless allowlisted
     guard_arrays(func, fwd.key, use, call.arrays, call.dtypes)  # AllocationRefused: over its outputs' size
     out_dtypes = [call.dtypes[k] for k in call.keys("output.")]
-    compute = _lowest(out_dtypes)
-    cast = _torch_dtype(compute) if compute else None
+    compute = compute_dtype(out_dtypes)
+    cast = torch_dtype(compute) if compute else None
     backward = bwd is not None and bool(call.keys("backward_input.")) and bool(call.keys("backward_output."))
     orc = _run(func, fwd.key, use, call, dev, True, None, backward)
     try:
@@ -707,54 +617,6 @@ def _recorded_strides(spec: Mapping[str, Any], call: _Call, api: str) -> Dict[st
     return out
 
 
-class RecordedModes:
-    """The math modes a device call ran under (the call spec's optional ``"modes"``): the autocast
-    dtype on its device type, oneDNN off. The reference replay runs under them, as a correct kernel
-    in that mode computes (PyTorch's own LSTM under bf16 autocast computes its gates in bf16 although
-    its outputs are float32); the oracle runs in float64 with autocast off."""
-
-    __slots__ = ("autocast", "mkldnn")
-
-    def __init__(self, autocast: str = "", mkldnn: bool = True) -> None:
-        self.autocast = autocast   #: "torch.bfloat16" / "torch.float16" / "" (off)
-        self.mkldnn = mkldnn
-
-    def context(self, dev: Any, oracle: bool) -> Any:
-        """The context of one replay on ``dev``: the oracle's (autocast off) or the reference's."""
-        import contextlib
-
-        import torch
-
-        stack = contextlib.ExitStack()
-        if self.autocast and not oracle:
-            stack.enter_context(torch.autocast(dev.type, dtype=_torch_dtype(self.autocast)))
-        else:
-            stack.enter_context(torch.autocast(dev.type, enabled=False))
-        if not self.mkldnn and torch._C._get_mkldnn_enabled():
-            # the flag alone (torch.backends.mkldnn.flags also sets oneDNN's TF32 and warns about it)
-            torch._C._set_mkldnn_enabled(False)
-            stack.callback(torch._C._set_mkldnn_enabled, True)
-        return stack
-
-
-#: autocast dtypes a call spec may name (data, from a fixed table)
-_AUTOCAST_DTYPES = ("torch.bfloat16", "torch.float16")
-
-
-def _recorded_modes(spec: Mapping[str, Any], api: str) -> RecordedModes:
-    """The device's math modes from its call spec, each checked against a fixed table (a crafted
-    value is refused, not run)."""
-    raw = spec.get("modes")
-    if raw is None:
-        return RecordedModes()
-    if not isinstance(raw, Mapping) or not set(raw) <= {"autocast", "mkldnn"}:
-        raise ReplayRefused(api, f"'modes' of the call spec is not a known set of modes: {str(raw)[:80]}", "modes")
-    autocast, mkldnn = raw.get("autocast", ""), raw.get("mkldnn", True)
-    if autocast not in ("", *_AUTOCAST_DTYPES) or type(mkldnn) is not bool:
-        raise ReplayRefused(api, f"'modes' of the call spec names an unknown mode: {str(raw)[:80]}", "modes")
-    return RecordedModes(autocast, mkldnn)
-
-
 def _matching_precision(func: Callable, api: str, spec: dict, call: _Call, dev: Any, backward: bool,
                         orc: Dict[str, Any], key: str) -> str:
     """The lower precision (bfloat16, float16) whose replay, or whose rounding of the oracle's
@@ -844,7 +706,7 @@ def _judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump
                 progress: Optional[Callable[[str], None]]) -> DumpJudgement:
     import torch
 
-    from pytest_ptdbg.judge.runner import check_device
+    from pytest_ptdbg.replayer.engine import check_device
 
     t0 = time.perf_counter()
     d = dump if isinstance(dump, reader.Dump) else reader.read_dump(dump)
@@ -888,3 +750,17 @@ def _judge_dump(dump: Union[str, reader.Dump], reference: Union[str, reader.Dump
     if progress is not None:
         progress(out.summary())
     return out
+
+
+def judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec] = None, *, device: Any = "cpu",
+               factor: float = B.FACTOR) -> List[CallVerdict]:
+    """The verdicts of one recorded call by itself, as :func:`judge_dump` judges each call of a
+    dump: its forward (``fwd``, with its call spec and saved tensors) and, with ``bwd``, its
+    backward, each by its own error against its budget. ``ptdbg replay PACKAGE`` judges a
+    reproduction package by this (``repro/runner.py``). Never raises for the call."""
+    import torch
+
+    from pytest_ptdbg.replayer.engine import check_device
+
+    dev = device if isinstance(device, torch.device) else check_device(str(device))
+    return _judge_call(fwd, bwd, None, dev, factor, (), ArrayStore())

@@ -31,7 +31,8 @@ import numpy as np
 from pytest_ptdbg.capture.sink import Sink
 from pytest_ptdbg.errors import SinkUsageError
 from pytest_ptdbg.format import records
-from pytest_ptdbg.judge import package as pkgmod
+from pytest_ptdbg.replayer import codec
+from pytest_ptdbg.repro import package as pkgmod
 from pytest_ptdbg.sinks.snapshot import CallSnapshot, base_meta, device_of
 
 __all__ = ["AclConfig", "load_acl_config", "AclSink", "load_backward_input"]
@@ -222,7 +223,7 @@ class AclSink(Sink):
             print(f"ptdbg acl: {self.scope} saved in {pkg.path}, not replayed: {exc}", file=sys.stderr)
 
     def _rerun(self, pkg: Any, snap: Any, call: Any, grads: Any, meta: dict, device: Any) -> None:
-        from pytest_ptdbg.judge.runner import replay_package, run_package
+        from pytest_ptdbg.repro.runner import replay_package, run_package
 
         with kernel_dump(self.acl, device) as on:
             if self.backward:
@@ -247,7 +248,7 @@ class AclSink(Sink):
               f"(replay it with: ptdbg replay {pkg.path})", file=sys.stderr)
 
     def _check_grads(self, output: Any) -> Dict[str, Any]:
-        outs = dict(pkgmod.flatten_output(output))
+        outs = dict(codec.flatten_output(output))
         for idx, arr in self.grads.items():
             o = outs.get("output." + idx)
             if o is None:

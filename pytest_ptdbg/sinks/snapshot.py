@@ -4,7 +4,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from pytest_ptdbg.judge import package as pkgmod
+from pytest_ptdbg.replayer import codec
+from pytest_ptdbg.repro import package as pkgmod
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,7 +35,7 @@ class CallSnapshot:
         out_key = None
         if call.inplace and "out" in call.kwargs:
             out_key = f"input.{len(call.args) + list(call.kwargs).index('out')}"
-        for key, t in pkgmod.flatten_inputs(call.args, call.kwargs):
+        for key, t in codec.flatten_inputs(call.args, call.kwargs):
             self.requires_grad[key] = bool(t.requires_grad)
             d = t.detach()
             if copy or (copy is None and call.inplace and (
@@ -62,10 +63,10 @@ class CallSnapshot:
               backward_output: Optional[Dict[str, Any]] = None, meta: Optional[dict] = None) -> pkgmod.Package:
         """Write the package of this call (``direction``: which API key it reproduces)."""
         tensors: Dict[str, Any] = dict(self.inputs)
-        if not pkgmod.flatten_output(output) and self.args and hasattr(self.args[0], "shape"):
+        if not codec.flatten_output(output) and self.args and hasattr(self.args[0], "shape"):
             output = self.args[0]  # an in-place API returning nothing (__setitem__): what it changed
         if output is not None:
-            tensors.update(dict(pkgmod.flatten_output(output)))
+            tensors.update(dict(codec.flatten_output(output)))
         for io, grads in (("backward_input", backward_input), ("backward_output", backward_output)):
             for idx, g in (grads or {}).items():
                 if g is not None:
@@ -76,7 +77,7 @@ class CallSnapshot:
         changed = self.modified()
         if changed:
             meta["inputs_modified_after_call"] = changed
-        spec = pkgmod.encode_call(self.args, self.kwargs)
+        spec = codec.encode_call(self.args, self.kwargs)
         return pkgmod.write_package(out_dir, self.key(direction), spec, tensors, self.requires_grad,
                                     self.stack, meta, self.rng)
 

@@ -194,8 +194,8 @@ def test_guard_agrees_with_the_meta_device_and_allocates_nothing():
     """The cheap bounds and the meta pre-run, directly: legitimate sizes pass, bombs are refused
     (each call here would allocate gigabytes if it ran)."""
     from pytest_ptdbg.errors import AllocationRefused
-    from pytest_ptdbg.judge import allocation as A
-    from pytest_ptdbg.judge.allowlist import resolve
+    from pytest_ptdbg.replayer import allocation as A
+    from pytest_ptdbg.replayer.allowlist import resolve
 
     ins = {"input.0": ((16, 64), torch.float32), "input.1": ((64, 32), torch.float32)}
     ok = [("Torch_einsum", {"args": ["ab,bc->ac", T, {"t": "input.1"}]}, [(16, 32)]),
@@ -235,7 +235,7 @@ def test_guard_agrees_with_the_meta_device_and_allocates_nothing():
 def test_ordinary_calls_replay_exactly_as_without_the_guard(dump_step, monkeypatch):
     """Every call of real example-model steps passes the guard, and the judgement (status,
     reason, ratios, every field) is the same with the guard as without it."""
-    from pytest_ptdbg.judge import allocation
+    from pytest_ptdbg.replayer import allocation
     from pytest_ptdbg.judge.own_error import judge_dump
 
     for model in ("tiny_gpt", "cnn", "lstm"):

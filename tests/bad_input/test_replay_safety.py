@@ -36,8 +36,8 @@ from real_dumps import dump_one_step, step_paths
 from pytest_ptdbg.cli import main as ptdbg_main
 from pytest_ptdbg.format import records
 from pytest_ptdbg.judge import ReplayRefused
-from pytest_ptdbg.judge import allowlist
-from pytest_ptdbg.judge.arguments import decode_call
+from pytest_ptdbg.replayer import allowlist
+from pytest_ptdbg.replayer.arguments import decode_call
 
 PATHS = ["compare", "cli_compare", "replay_package", "script"]
 TARGET = "Torch_relu_0_forward"
@@ -201,7 +201,7 @@ def _attack(path: str, tmp_path, base, family: str, spec: dict) -> str:
     key = f"{family}_7_forward"
     if path == "replay_package":
         with pytest.raises(ReplayRefused) as info:
-            from pytest_ptdbg.judge.runner import replay
+            from pytest_ptdbg.repro.runner import replay
 
             replay(pkg)
         assert key in str(info.value)
@@ -217,7 +217,7 @@ def _attack(path: str, tmp_path, base, family: str, spec: dict) -> str:
                        env=_env(), cwd=str(tmp_path))
     assert rc == 2 and not os.path.exists(script), "a refused package must give no script"
     with pytest.raises(ReplayRefused) as info:
-        from pytest_ptdbg.judge.script import write_script
+        from pytest_ptdbg.repro.script import write_script
 
         write_script(pkg, script)
     assert key in str(info.value)
@@ -390,7 +390,7 @@ def test_example_model_calls_are_all_replayable(dump_step):
     its recorded arguments pass the judge (so the replay check works on real dumps)."""
     from example_models.models import bench_transformer, cnn, lstm, tiny_gpt
 
-    from pytest_ptdbg.judge.arguments import check_call
+    from pytest_ptdbg.replayer.arguments import check_call
 
     def gru_foreach_adamw(model, batch):
         """A GRU step with AdamW's foreach (torch._foreach_*) update."""
@@ -433,9 +433,9 @@ def test_example_model_calls_are_all_replayable(dump_step):
 def test_allowed_strings_devices_and_dtypes_still_replay(tmp_path, name, make, code):
     """The judge is not overbroad: an allowed enumeration value, an einsum equation, a device
     string (replaced) and a dtype replay bit for bit, and the script spells them as literals."""
-    from pytest_ptdbg.judge.package import package_call
-    from pytest_ptdbg.judge.runner import replay
-    from pytest_ptdbg.judge.script import write_script
+    from pytest_ptdbg.repro.package import package_call
+    from pytest_ptdbg.repro.runner import replay
+    from pytest_ptdbg.repro.script import write_script
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(4, 6, generator=g), torch.randint(0, 6, (4,), generator=g)

@@ -16,7 +16,7 @@ from pytest_ptdbg import PrecisionDebugger
 from pytest_ptdbg.capture import names
 from pytest_ptdbg.dump.call_spec import encode_call, encode_call_json
 from pytest_ptdbg.errors import NotReplayable
-from pytest_ptdbg.judge.arguments import decode_call
+from pytest_ptdbg.replayer.arguments import decode_call
 from pytest_ptdbg.capture.engine import CaptureEngine
 from pytest_ptdbg.capture.sink import Sink
 from pytest_ptdbg.format import records

@@ -76,7 +76,7 @@ def test_multihead_attention_with_dropout_is_not_judged_without_a_generator_stat
 def test_a_call_the_replay_cannot_judge_is_judged_from_its_statistics(dump_step, compare_pair, monkeypatch):
     """A faulty API outside the replay allowlist (here relu, taken out of the table) must not pass
     unseen: the calls around it are right for their own inputs, so only its statistics show it."""
-    from pytest_ptdbg.judge import allowlist
+    from pytest_ptdbg.replayer import allowlist
 
     clean = dump_step("clean")
     bad = dump_step("bad", around=lambda: patched(torch, "relu", relu_times(1.05)(torch.relu)))

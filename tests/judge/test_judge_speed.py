@@ -18,6 +18,7 @@ from pytest_ptdbg.judge import arrays as A  # noqa: E402
 from pytest_ptdbg.judge import budget as B  # noqa: E402
 from pytest_ptdbg.judge import judge_dump  # noqa: E402
 from pytest_ptdbg.judge import own_error  # noqa: E402
+from pytest_ptdbg.replayer import engine  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +85,8 @@ def test_the_fast_paths_give_the_element_wise_judgement_number_for_number(gpt_bf
     monkeypatch.setattr(A, "MAX_BYTES", 0)
     monkeypatch.setattr(own_error, "ArrayStore", lambda *a: A.ArrayStore(0))
     monkeypatch.setattr(B, "finite_norms", lambda *a: None)
-    orig = own_error._run_once
-    monkeypatch.setattr(own_error, "_run_once", lambda *a: orig(*a[:-1], True))
+    orig = engine._replay_once
+    monkeypatch.setattr(engine, "_replay_once", lambda *a: orig(*a[:-1], True))
     slow = judge_dump(gpt_bf16)
     assert _numbers(slow) == _numbers(fast)
 
@@ -122,13 +123,13 @@ def test_an_in_place_call_with_a_backward_is_replayed_on_copies(tmp_path, monkey
         dbg.stop()
     dbg.close()
     runs = []
-    orig = own_error._run_once
+    orig = engine._replay_once
 
     def spy(*a):
         runs.append((a[1], a[-1]))
         return orig(*a)
 
-    monkeypatch.setattr(own_error, "_run_once", spy)
+    monkeypatch.setattr(engine, "_replay_once", spy)
     j = judge_dump(records.rank_dir(str(tmp_path)))
     add = [v for v in j.verdicts if v.family == "Tensor_add_" and v.ctx != "optimizer"]
     assert {v.direction for v in add} == {"forward", "backward"}, j.text()

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from pytest_ptdbg.dump.call_spec import encode_call, encode_call_json, math_modes  # noqa: E402
 from pytest_ptdbg.errors import ReplayRefused  # noqa: E402
 from pytest_ptdbg.judge import judge_dump  # noqa: E402
-from pytest_ptdbg.judge.own_error import _recorded_modes  # noqa: E402
+from pytest_ptdbg.replayer.modes import recorded_modes  # noqa: E402
 
 
 def test_math_modes_are_none_by_default_and_name_autocast_and_onednn():
@@ -33,7 +33,7 @@ def test_math_modes_are_none_by_default_and_name_autocast_and_onednn():
 @pytest.mark.parametrize("raw", [[1], {"autocast": "os.system"}, {"mkldnn": "no"}, {"tf32": True}])
 def test_a_crafted_modes_field_is_refused_naming_it(raw):
     with pytest.raises(ReplayRefused, match="modes"):
-        _recorded_modes({"args": [], "kwargs": {}, "modes": raw}, "VF_lstm_0_forward")
+        recorded_modes({"args": [], "kwargs": {}, "modes": raw}, "VF_lstm_0_forward")
 
 
 def _autocast_lstm_step(relu_scale=None):

@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from pytest_ptdbg.cli import replay as replay_cli
-from pytest_ptdbg.judge.package import load_package, package_call, write_package, encode_call
-from pytest_ptdbg.judge.runner import ReplayError, replay, run_package
-from pytest_ptdbg.judge.script import write_script
+from pytest_ptdbg.replayer.codec import encode_call
+from pytest_ptdbg.repro.package import load_package, package_call, write_package
+from pytest_ptdbg.repro.runner import ReplayError, replay, run_package
+from pytest_ptdbg.repro.script import write_script
 
 
 def _gen(seed: int = 0) -> torch.Generator:

@@ -12,7 +12,7 @@ from example_models.models import cnn, mlp, tiny_gpt, train_step
 from pytest_ptdbg import PrecisionDebugger
 from pytest_ptdbg.judge import replay
 from pytest_ptdbg.sinks.acl import load_acl_config
-from pytest_ptdbg.judge.package import load_package
+from pytest_ptdbg.repro.package import load_package
 from pytest_ptdbg.format import records
 
 

@@ -12,7 +12,7 @@ from pytest_ptdbg import PrecisionDebugger
 from pytest_ptdbg.judge import replay
 from pytest_ptdbg.sinks.overflow import (FINITE, INF, INPUTS_NONFINITE, NAN, PRODUCED, SAT, SATURATED,
                                           OverflowDetected, classify, tensor_status)
-from pytest_ptdbg.judge.package import load_package
+from pytest_ptdbg.repro.package import load_package
 from pytest_ptdbg.format import records
 
 

@@ -13,90 +13,26 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from pytest_ptdbg.errors import ReplayRefused
+from pytest_ptdbg.errors import NotReplayable, ReplayRefused
+from pytest_ptdbg.judge.verdicts import CallVerdict, Status
 from pytest_ptdbg.runtime.text import fmt_number
-from pytest_ptdbg.judge import package as pkgmod
-from pytest_ptdbg.judge.package import Package
+from pytest_ptdbg.replayer import codec
+from pytest_ptdbg.replayer.allowlist import torch_dtype
+from pytest_ptdbg.replayer.engine import check_device, parse_dtype, resolve_api
+from pytest_ptdbg.repro import package as pkgmod
+from pytest_ptdbg.repro.package import Package
 from pytest_ptdbg.errors import ReplayError
 
 __all__ = ["replay", "replay_package", "run_package", "resolve_api", "ReplayResult", "TensorCheck",
            "ReplayError", "ReplayRefused"]
 
 
-
-
-# ---------------------------------------------------------------------------------------------
-# what to call
-
-
-def api_path(api_type: str, api_name: str, record: Optional[str] = None) -> Tuple[str, List[str]]:
-    """``(module path, [attribute])`` of an allowlisted API, e.g. ``("torch.nn.functional", ["conv2d"])``,
-    from the judge's table (``pytest_ptdbg/judge/allowlist.py``).
-
-    Raises ReplayError for collectives (not replayable alone) and ReplayRefused (a ValueError) for
-    an API that is not in the allowlist.
-    """
-    from pytest_ptdbg.judge import allowlist
-
-    _no_collective(api_type, api_name)
-    root, _, attr = allowlist.qualified_name(api_type, api_name, record).rpartition(".")
-    return root, [attr]
-
-
-def _no_collective(api_type: str, api_name: str) -> None:
-    if api_type == "Distributed":
-        raise ReplayError(f"Distributed_{api_name}: a collective needs its process group and cannot be replayed alone")
-
-
-def resolve_api(api_type: str, api_name: str, record: Optional[str] = None) -> Callable:
-    """The callable of ``{api_type}_{api_name}`` from the judge's allowlist (``Tensor`` methods
-    take ``self`` first). Raises ReplayRefused (a ValueError) naming ``record`` when the API is not
-    allowlisted; nothing is looked up by the name itself."""
-    from pytest_ptdbg.judge import allowlist
-
-    _no_collective(api_type, api_name)
-    return allowlist.resolve(api_type, api_name, record)
-
-
 # ---------------------------------------------------------------------------------------------
 # running
-
-
-def parse_dtype(dtype: Any) -> Any:
-    """``None``, a ``torch.dtype`` or a name like ``"float64"``/``"torch.bfloat16"`` -> dtype."""
-    import torch
-
-    from pytest_ptdbg.judge.allowlist import dtype_of
-
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    dt = dtype_of(str(dtype))
-    if dt is None or not dt.is_floating_point:
-        raise ValueError(f"--dtype must be a floating-point torch dtype such as 'float64', got {dtype!r}")
-    return dt
-
-
-def check_device(device: str) -> Any:
-    """A usable ``torch.device`` for ``device`` (``cpu``, ``cuda[:i]``, ``npu[:i]``) or ReplayError."""
-    from pytest_ptdbg.runtime.device import DeviceUnavailable, resolve_device
-
-    if str(device).strip().lower() == "auto":
-        raise ReplayError("replay needs an explicit device: cpu, cuda[:i] or npu[:i]")
-    try:
-        return resolve_device(str(device))
-    except DeviceUnavailable as exc:
-        raise ReplayError(str(exc)) from None
-
-
-def _torch_dtype(name: str) -> Any:
-    from pytest_ptdbg.judge.allowlist import dtype_of
-
-    n = name.split(".", 1)[1] if isinstance(name, str) and name.startswith(("torch.", "numpy.")) else name
-    return dtype_of(n)
 
 
 def load_tensor(pkg: Package, key: str, device: Any, dtype: Any = None) -> Any:
@@ -105,7 +41,7 @@ def load_tensor(pkg: Package, key: str, device: Any, dtype: Any = None) -> Any:
 
     arr = pkg.load_array(key)
     t = torch.from_numpy(np.ascontiguousarray(arr))
-    want = _torch_dtype(pkg.tensors[key].dtype)
+    want = torch_dtype(pkg.tensors[key].dtype)
     if want is not None and t.dtype != want:
         t = t.to(want)
     if dtype is not None and t.is_floating_point():
@@ -113,11 +49,41 @@ def load_tensor(pkg: Package, key: str, device: Any, dtype: Any = None) -> Any:
     return t.to(device)
 
 
+class _PackageArrays(Mapping):
+    """The package's saved arrays by key, each read when the replay first asks for it."""
+
+    def __init__(self, pkg: Package) -> None:
+        self._pkg = pkg
+        self._keys = list(pkg.tensors)
+        self._loaded: Dict[str, np.ndarray] = {}
+
+    def __contains__(self, key: object) -> bool:  # no load (Mapping's default would load)
+        return key in self._keys
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        if key not in self._keys:
+            raise KeyError(key)
+        if key not in self._loaded:
+            self._loaded[key] = np.ascontiguousarray(self._pkg.load_array(key))
+        return self._loaded[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[str, Any]:
-    """Run the package's call; returns ``{key: tensor}`` for forward outputs (``output.*``) and,
-    for a backward package, the produced gradients (``backward_output.*``). The API and its
-    arguments go through the judge first (``pytest_ptdbg/judge/``): ReplayRefused, nothing run."""
+    """Run the package's call by the replay engine (:func:`pytest_ptdbg.replayer.engine.replay_call`,
+    the judgement's rules); returns ``{key: tensor}`` for forward outputs (``output.*``) and, for a
+    backward package, the produced gradients (``backward_output.*``). ``dtype`` float64 is the
+    oracle; another dtype casts the floating inputs and floating ``dtype=`` arguments. The API and
+    its arguments go through the allowlist first (``pytest_ptdbg/replayer/``): ReplayRefused,
+    nothing run."""
     import torch
+
+    from pytest_ptdbg.replayer.engine import replay_call
 
     dev = check_device(str(device))
     dt = parse_dtype(dtype)
@@ -125,55 +91,22 @@ def run_package(pkg: Package, device: Any = "cpu", dtype: Any = None) -> Dict[st
     func = resolve_api(p.api_type, p.api_name, pkg.api)  # ReplayRefused unless allowlisted
     guard_package(func, pkg)  # AllocationRefused: it would make more than its recorded outputs
     backward = p.direction == "backward"
-    leaves: Dict[str, Any] = {}
-
-    def tensor(key: str) -> Any:
-        t = load_tensor(pkg, key, dev, dt)
-        if backward and pkg.tensors[key].requires_grad and (t.is_floating_point() or t.is_complex()):
-            leaf = t.requires_grad_(True)
-            leaves[key] = leaf
-            return leaf.clone()  # in-place APIs may modify their input; the leaf must stay intact
-        return t
-
+    oracle = dt == torch.float64
     try:
-        args, kwargs = pkgmod.decode_call(pkg.call, list(pkg.tensors), tensor, where=pkg.api, device=dev)
+        done = replay_call(func, pkg.api, pkg.call, _PackageArrays(pkg), {k: i.dtype for k, i in pkg.tensors.items()},
+                           dev, oracle=oracle, cast=None if oracle else dt, cast_args=True, backward=backward,
+                           requires_grad={k for k, i in pkg.tensors.items() if i.requires_grad},
+                           draws=lambda: _same_draws(pkg, dev))
     except ReplayRefused:
         raise
-    except ValueError as exc:
+    except NotReplayable as exc:
         raise ReplayError(str(exc)) from None
-    args, kwargs = _retarget(args, kwargs, dev, dt)
-    if not backward:
-        with torch.no_grad(), _same_draws(pkg, dev):
-            output = _call(pkg, func, args, kwargs)
-        return dict(pkgmod.flatten_output(effective_output(output, args)))
-    if not leaves:
+    if backward and not done.leaves:
         raise ReplayError(f"{pkg.api}: no input requires grad; nothing to differentiate")
-    with torch.enable_grad():
-        with _same_draws(pkg, dev):
-            output = _call(pkg, func, args, kwargs)
-        outs = dict(pkgmod.flatten_output(output))
-        pairs = []
-        for gkey in pkg.keys("backward_input"):
-            okey = "output" + gkey[len("backward_input"):]
-            out = outs.get(okey)
-            if out is None or not out.requires_grad:
-                continue
-            g = load_tensor(pkg, gkey, dev, dt).to(out.dtype)
-            if tuple(g.shape) != tuple(out.shape):
-                raise ReplayError(f"{pkg.api}: gradient {gkey} has shape {list(g.shape)}, "
-                                  f"but {okey} has shape {list(out.shape)}")
-            pairs.append((out, g))
-        if not pairs:
-            raise ReplayError(f"{pkg.api}: no output that requires grad has a saved incoming gradient "
-                              f"(backward_input.*); nothing to differentiate")
-        keys = list(leaves)
-        grads = torch.autograd.grad([o for o, _ in pairs], [leaves[k] for k in keys],
-                                    [g for _, g in pairs], allow_unused=True)
-    result = {k: v.detach() for k, v in outs.items()}
-    for k, g in zip(keys, grads):
-        if g is not None:
-            result["backward_output" + k[len("input"):]] = g
-    return result
+    if backward and not done.differentiated:
+        raise ReplayError(f"{pkg.api}: no output that requires grad has a saved incoming gradient "
+                          f"(backward_input.*); nothing to differentiate")
+    return done.tensors
 
 
 def guard_package(func: Callable, pkg: Package) -> None:
@@ -183,7 +116,7 @@ def guard_package(func: Callable, pkg: Package) -> None:
     bytes, so a ``package.json`` cannot claim outputs its files do not hold."""
     import os
 
-    from pytest_ptdbg.judge.allocation import FLOOR, guard_call
+    from pytest_ptdbg.replayer.allocation import FLOOR, guard_call
 
     shapes, outputs = {}, []
     for key, info in pkg.tensors.items():
@@ -203,25 +136,18 @@ def guard_package(func: Callable, pkg: Package) -> None:
 
     def dtype(key: str) -> Any:
         name = pkg.tensors[key].dtype
-        return _torch_dtype(name) or _np_torch_dtype(name)
+        return torch_dtype(name) or _nptorch_dtype(name)
 
     guard_call(func, pkg.api, pkg.call, shapes, dtype, outputs, value)
 
 
-def _np_torch_dtype(name: str) -> Any:
+def _nptorch_dtype(name: str) -> Any:
     import torch
 
     try:
         return torch.from_numpy(np.empty(0, dtype=np.dtype(name.split(".", 1)[-1]))).dtype
     except (TypeError, ValueError):
         return torch.float32
-
-
-def _call(pkg: Package, func: Callable, args: list, kwargs: dict) -> Any:
-    try:
-        return func(*args, **kwargs)
-    except Exception as exc:
-        raise ReplayError(f"{pkg.api}: the call failed on replay: {type(exc).__name__}: {exc}") from exc
 
 
 @contextlib.contextmanager
@@ -245,35 +171,6 @@ def _same_draws(pkg: Package, dev: Any) -> Iterator[None]:
             raise ReplayError(f"{pkg.api}: its random generator state ({pkgmod.RNG_FILE}, {state.numel()} "
                               f"bytes) is not a {dev.type} generator state: {' '.join(str(exc).split())}") from None
         yield
-
-
-def effective_output(output: Any, args: Any) -> Any:
-    """What an API gave back; for an in-place API that returns nothing (``__setitem__``) the
-    tensor it modified, its first argument."""
-    import torch
-
-    if not pkgmod.flatten_output(output) and args and isinstance(args[0], torch.Tensor):
-        return args[0]
-    return output
-
-
-def _retarget(args: list, kwargs: dict, dev: Any, dtype: Any) -> Tuple[list, dict]:
-    """Replace saved ``torch.device`` arguments (e.g. ``device="npu:0"``) by the replay device and,
-    with a ``dtype`` override, floating ``torch.dtype`` arguments by it (an oracle runs in float64)."""
-    import torch
-
-    def fix(v: Any) -> Any:
-        if isinstance(v, torch.device):
-            return dev
-        if dtype is not None and isinstance(v, torch.dtype) and v.is_floating_point:
-            return dtype
-        if isinstance(v, list):
-            return [fix(x) for x in v]
-        if isinstance(v, tuple):
-            return tuple(fix(x) for x in v)
-        return v
-
-    return fix(args), {k: fix(v) for k, v in kwargs.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +199,8 @@ class TensorCheck:
 
 @dataclass
 class ReplayResult:
-    """What a replay found: one :class:`TensorCheck` per compared tensor."""
+    """What a replay found: one :class:`TensorCheck` per compared tensor and, under the
+    ``"budget"`` rule, the judgement's verdict of the call (:attr:`verdict`)."""
 
     package: str
     api: str
@@ -310,9 +208,24 @@ class ReplayResult:
     dtype: Optional[str]
     checks: List[TensorCheck]
     outputs: Dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    #: ``"budget"`` (the judgement's own error against its budget), ``"dtype"`` or ``"ptdbg"``
+    #: (the compare stage's per-tensor rule)
+    rule: str = "dtype"
+    #: the call's verdict by :func:`pytest_ptdbg.judge.own_error.judge_call` (rule ``"budget"``)
+    verdict: Optional[CallVerdict] = None
+
+    @property
+    def by_budget(self) -> bool:
+        """Whether the verdict is the budget's: rule ``"budget"`` and the judgement judged the call
+        (or found it unusable); otherwise the per-tensor rule decides."""
+        v = self.verdict
+        return self.rule == "budget" and v is not None and (v.status != Status.NOT_JUDGED or v.unusable)
 
     @property
     def passed(self) -> bool:
+        if self.by_budget:
+            assert self.verdict is not None
+            return self.verdict.status == Status.WITHIN
         return all(c.passed for c in self.checks)
 
     @property
@@ -327,7 +240,9 @@ class ReplayResult:
         return max(self.checks, key=lambda c: (not c.passed, _nan_low(c.rel_l2), _nan_low(c.max_abs_err)))
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "outputs"}
+        d = {k: v for k, v in asdict(self).items() if k not in ("outputs", "verdict")}
+        d["verdict"] = self.verdict.to_dict() if self.verdict is not None else None
+        d["by_budget"] = self.by_budget
         d["passed"] = self.passed
         d["identical"] = self.identical
         return d
@@ -335,10 +250,22 @@ class ReplayResult:
     def text(self) -> str:
         """A short table for the console."""
         how = f"on {self.device}" + (f" in {self.dtype}" if self.dtype else "")
-        head = f"replay of {self.api} {how}: " + (
-            "identical to the saved result" if self.identical else "PASSED" if self.passed else "FAILED")
-        lines = [head, f"{'tensor':<22} {'dtype':<15} {'cosine':>10} {'max abs err':>12} "
-                       f"{'max rel err':>12} {'rel L2':>10}  ok"]
+        if self.by_budget:
+            head = f"replay of {self.api} {how}: " + ("PASSED" if self.passed else "FAILED") + (
+                " (the replay is identical to the saved result)" if self.identical else "")
+        else:
+            head = f"replay of {self.api} {how}: " + (
+                "identical to the saved result" if self.identical else "PASSED" if self.passed else "FAILED")
+        lines = [head]
+        v = self.verdict
+        if self.by_budget and v is not None:
+            word = "could not be judged" if v.unusable else v.status.value
+            lines.append(f"verdict (compare's judgement): {word}: {v.text().split(': ', 1)[-1]}")
+        elif self.rule == "budget" and v is not None:
+            lines.append(f"not judged by the budget ({v.reason}); verdict by the per-tensor dtype rule")
+        ok = "ok" if not self.by_budget else "ok (dtype rule)"
+        lines.append(f"{'tensor':<22} {'dtype':<15} {'cosine':>10} {'max abs err':>12} "
+                     f"{'max rel err':>12} {'rel L2':>10}  {ok}")
         for c in self.checks:
             lines.append(f"{c.key:<22} {c.dtype:<15} {fmt_number(c.cosine):>10} {fmt_number(c.max_abs_err):>12} "
                          f"{fmt_number(c.max_rel_err):>12} {fmt_number(c.rel_l2):>10}  {'yes' if c.passed else 'NO'}"
@@ -353,9 +280,9 @@ def _nan_low(x: float) -> float:
 def compare_tensor(key: str, expected: np.ndarray, expected_dtype: str, actual: Any,
                    rule: Optional[str] = None) -> TensorCheck:
     """Compare a replayed tensor with the saved array using ``compare.metrics``/``compare.verdict``."""
-    from pytest_ptdbg.judge import checks as _metrics
+    from pytest_ptdbg.repro import checks as _metrics
 
-    act = pkgmod.to_numpy(actual)
+    act = codec.to_numpy(actual)
     replay_dtype = str(actual.dtype)
     if tuple(act.shape) != tuple(expected.shape):
         return TensorCheck(key, expected_dtype, replay_dtype, tuple(expected.shape), math.nan, math.nan,
@@ -366,9 +293,28 @@ def compare_tensor(key: str, expected: np.ndarray, expected_dtype: str, actual: 
     return TensorCheck(key, expected_dtype, replay_dtype, tuple(expected.shape), identical=same, **m)
 
 
+def judge_package(pkg: Package, device: Any = "cpu") -> CallVerdict:
+    """The package's call judged as compare judges it (:func:`pytest_ptdbg.judge.own_error.judge_call`:
+    its own error, saved result against a float64 replay, within its budget, a replay in its
+    compute dtype): the verdict of the package's direction."""
+    from pytest_ptdbg.judge.own_error import judge_call
+
+    fwd, bwd = pkgmod.package_records(pkg)
+    verdicts = judge_call(fwd, bwd, device=device)
+    return next((v for v in verdicts if v.direction == pkg.direction), verdicts[0])
+
+
+RULES = ("budget", "dtype", "ptdbg")
+
+
 def replay_package(pkg: Package, device: Any = "cpu", dtype: Any = None, rule: str = "dtype",
                    against: Optional[Dict[str, np.ndarray]] = None) -> ReplayResult:
-    """Replay a loaded package; compare with its saved results (or with ``against``)."""
+    """Replay a loaded package; compare with its saved results (or with ``against``). Rule
+    ``"budget"``: also judge the call by its own error against its budget (:func:`judge_package`),
+    which then decides; the per-tensor checks use the ``"dtype"`` rule."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
+    per_tensor = "dtype" if rule == "budget" else rule
     produced = run_package(pkg, device, dtype)
     checks: List[TensorCheck] = []
     keys = list(against) if against is not None else pkg.expected_keys
@@ -379,20 +325,24 @@ def replay_package(pkg: Package, device: Any = "cpu", dtype: Any = None, rule: s
             checks.append(TensorCheck(key, exp_dtype, "", tuple(expected.shape), math.nan, math.nan, math.nan,
                                       math.nan, math.nan, math.nan, False, "the replay did not produce it"))
             continue
-        checks.append(compare_tensor(key, expected, exp_dtype, produced[key], rule))
+        checks.append(compare_tensor(key, expected, exp_dtype, produced[key], per_tensor))
     dt = parse_dtype(dtype)
+    verdict = judge_package(pkg, device) if rule == "budget" and against is None else None
     return ReplayResult(pkg.path, pkg.api, str(device), str(dt).replace("torch.", "") if dt else None, checks,
-                        {k: pkgmod.to_numpy(v) for k, v in produced.items()})
+                        {k: codec.to_numpy(v) for k, v in produced.items()}, rule, verdict)
 
 
 def replay(package_dir: str, device: str = "cpu", dtype: Union[str, Any, None] = None,
-           rule: str = "dtype") -> ReplayResult:
+           rule: str = "budget") -> ReplayResult:
     """Load the reproduction package in ``package_dir``, run its API on ``device`` from the saved
     inputs (floating inputs and floating dtype arguments cast to ``dtype`` if given) and compare
     with the saved result.
 
-    ``rule`` is a ``compare.verdict`` rule: ``"dtype"`` (default: the assert_close tolerances of
-    the lower-precision side, right for identical inputs) or ``"ptdbg"`` (ptdbg's loose rule).
+    ``rule``: ``"budget"`` (default: the verdict compare's judgement gives this call, its own error
+    against its budget, :func:`judge_package`; a call the judgement does not judge by value, such as
+    a random one, falls back to ``"dtype"``), or a ``compare.verdict`` rule for every tensor:
+    ``"dtype"`` (the assert_close tolerances of the lower-precision side) or ``"ptdbg"`` (ptdbg's
+    loose rule).
     Raises FileNotFoundError/ValueError for a bad package, ReplayRefused (a ValueError) before any
     call when its API is not in the judge's allowlist or an argument is not data, ReplayError when
     it cannot run.

@@ -1,13 +1,13 @@
 """Arguments are data: rebuild a call spec's arguments for replay, refusing anything else.
 
 Accepted (``docs/DESIGN.md``'s call spec): tensors of the dump (``{"t": "input.0"}``), numbers
-(integers within 64 bits),
-bools, None, ``{"size": [...]}`` of ints, slices, ellipsis, tuples and lists of these,
-``{"float": "nan"|"inf"|"-inf"}``, ``{"list_data"|"tuple_data": "input.0"}`` (a long list of numbers
-rebuilt from its saved data, which was recorded in float64/int64/bool); ``dtype``/``layout``/``memory_format`` tags only through the
-tables of :mod:`pytest_ptdbg.judge.allowlist`; ``{"device": ...}`` tags and device strings become
-the replay device (their text is never parsed); a string only where the rule of its (API,
-parameter) allows it (:data:`~pytest_ptdbg.judge.allowlist.STRING_RULES`). Never a callable.
+(integers within 64 bits), bools, None, ``{"size": [...]}`` of ints, slices, ellipsis, tuples
+and lists of these, ``{"float": "nan"|"inf"|"-inf"}``, ``{"list_data"|"tuple_data": "input.0"}``
+(a long list of numbers rebuilt from its saved data, which was recorded in float64/int64/bool);
+``dtype``/``layout``/``memory_format`` tags only through the tables of
+:mod:`pytest_ptdbg.replayer.allowlist`; ``{"device": ...}`` tags and device strings become the
+replay device (their text is never parsed); a string only where the rule of its (API,
+parameter) allows it (:data:`~pytest_ptdbg.replayer.allowlist.STRING_RULES`). Never a callable.
 Anything else raises :class:`~pytest_ptdbg.judge.ReplayRefused` naming the record and argument.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 import torch
 
-from pytest_ptdbg.judge import allowlist
+from pytest_ptdbg.replayer import allowlist
 from pytest_ptdbg.errors import NotReplayable, ReplayRefused
 from pytest_ptdbg.runtime.dtypes import FLOATS, STEP_FLOATS
 

@@ -26,11 +26,12 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from pytest_ptdbg.format import records
+from pytest_ptdbg.replayer.codec import encode_call, flatten_inputs, flatten_output, tensor_refs, to_numpy
 
 PACKAGE_FILE = "package.json"
 RNG_FILE = "rng_state.npy"
@@ -156,111 +157,7 @@ class Package:
 
 
 # ---------------------------------------------------------------------------------------------
-# call spec (docs/DESIGN.md): values <-> JSON
-
-
-def encode_call(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict:
-    """The call spec of ``args``/``kwargs`` (capture's encoder, ``capture/call_spec.py``)."""
-    from pytest_ptdbg.dump import call_spec
-
-    return call_spec.encode_call(tuple(args), kwargs)
-
-
-class _LazyTensors(Mapping):
-    """``{key: tensor}`` that loads each tensor when the decoder asks for it."""
-
-    def __init__(self, keys: Sequence[str], load: Callable[[str], Any]) -> None:
-        self._keys = list(keys)
-        self._load = load
-
-    def __contains__(self, key: object) -> bool:  # no load (Mapping's default would load)
-        return key in self._keys
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._keys:
-            raise KeyError(key)
-        return self._load(key)
-
-    def __iter__(self):
-        return iter(self._keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-
-def decode_call(spec: Mapping[str, Any], keys: Sequence[str], tensor: Callable[[str], Any],
-                where: str = "call", device: Any = None) -> Tuple[list, dict]:
-    """``(args, kwargs)`` rebuilt from a call spec as data only (the judge's decoder,
-    ``pytest_ptdbg/judge/arguments.py``); ``where`` is the record's API key (its string rules
-    apply), ``tensor(key)`` supplies the tensors among ``keys``, devices become ``device``.
-    Raises ReplayRefused or NotReplayable (ValueErrors) naming ``where`` and the argument."""
-    from pytest_ptdbg.judge.arguments import decode_call as judged
-
-    args, kwargs = judged(spec, _LazyTensors(keys, tensor), where, device)
-    return list(args), kwargs
-
-
-def tensor_refs(spec: Any) -> List[str]:
-    """Every tensor key a call spec refers to, in order."""
-    out: List[str] = []
-
-    def walk(v: Any) -> None:
-        if isinstance(v, list):
-            for x in v:
-                walk(x)
-        elif isinstance(v, dict):
-            if set(v) == {"t"}:
-                out.append(v["t"])
-            else:
-                for x in v.values():
-                    walk(x)
-
-    walk(spec)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 # writing
-
-
-def _walk(value: Any, prefix: str) -> List[Tuple[str, Any]]:
-    """``(key, leaf)`` pairs: lists/tuples add an index level, as in capture's ``iter_tensors``."""
-    out: List[Tuple[str, Any]] = []
-    for i, v in enumerate(value):
-        k = f"{prefix}.{i}"
-        if isinstance(v, (list, tuple)) and not hasattr(v, "shape"):
-            out.extend(_walk(v, k))
-        else:
-            out.append((k, v))
-    return out
-
-
-def flatten_output(output: Any, prefix: str = "output") -> List[Tuple[str, Any]]:
-    """``(key, tensor)`` for every tensor of an API's return value (``output.0``, ``output.1.0``...)."""
-    import torch
-
-    value = list(output) if isinstance(output, (list, tuple)) and not hasattr(output, "shape") else [output]
-    return [(k, v) for k, v in _walk(value, prefix) if isinstance(v, torch.Tensor)]
-
-
-def flatten_inputs(args: Sequence[Any], kwargs: Mapping[str, Any]) -> List[Tuple[str, Any]]:
-    """``(key, tensor)`` for every tensor input, keyed ``input.i[.j]`` (kwargs after args)."""
-    import torch
-
-    items = list(args) + list(kwargs.values())
-    return [(k, v) for k, v in _walk(items, "input") if isinstance(v, torch.Tensor)]
-
-
-def to_numpy(t: Any) -> np.ndarray:
-    """A CPU numpy copy of a tensor; dtypes numpy lacks (bf16, fp8) become float32."""
-    import torch
-
-    t = t.detach()
-    if t.is_complex():
-        return t.cpu().resolve_conj().numpy().copy()
-    if t.dtype.is_floating_point and t.dtype not in (torch.float16, torch.float32, torch.float64):
-        t = t.float()
-    return t.cpu().resolve_neg().contiguous().numpy().copy()
 
 
 def write_package(
@@ -444,3 +341,40 @@ def _read_json(path: str) -> Any:
     if not nesting_ok(doc, MAX_DEPTH, brackets):
         raise ValueError(f"{path}: JSON nested deeper than {MAX_DEPTH} levels")
     return doc
+
+
+def package_records(pkg: Package) -> Tuple[Any, Optional[Any]]:
+    """The package's call as the dump's records (``dump.reader.ApiRec``: its forward, with the call
+    spec and the saved tensors, and its backward for a backward package), so that the judgement
+    judges it as it judges a call of a dump."""
+    from pytest_ptdbg.dump.reader import ApiRec, TensorRec
+
+    p = pkg.parsed
+
+    def rec(direction: str) -> Any:
+        return ApiRec(records.api_key(p.api_type, p.api_name, p.call_index, direction), p.api_type, p.api_name,
+                      p.call_index, direction, 0, stack=pkg.stack or None)
+
+    def tensor(owner: Any, key: str, io: str, extra: dict) -> Any:
+        info = pkg.tensors[key]
+        index = tuple(int(i) for i in key.split(".")[1:])
+        slot = f"{io}." + ".".join(str(i) for i in index)
+        return TensorRec(f"{owner.key}_{slot}", owner.key, io, index, owner.direction, info.dtype,
+                         tuple(info.shape), [], extra, 0, data_file=pkg.file_path(key), slot=slot)
+
+    fwd = rec("forward")
+    first = True
+    for io in ("input", "output"):
+        for key in pkg.keys(io):
+            extra: Dict[str, Any] = {"rg": True} if io == "input" and pkg.tensors[key].requires_grad else {}
+            if first:
+                extra["call"] = pkg.call
+                first = False
+            fwd.tensors.append(tensor(fwd, key, io, extra))
+    if p.direction != "backward":
+        return fwd, None
+    bwd = rec("backward")
+    for io in ("input", "output"):
+        for key in pkg.keys("backward_" + io):
+            bwd.tensors.append(tensor(bwd, key, io, {}))
+    return fwd, bwd

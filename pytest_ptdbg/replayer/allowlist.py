@@ -17,6 +17,7 @@ checks that every entry resolves and that its qualified name names the same call
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, Mapping, Optional, Tuple
@@ -700,6 +701,14 @@ def _lookup(table: Dict[str, Any], name: Any) -> Any:
 def dtype_of(name: Any) -> Optional[Any]:
     """The ``torch.dtype`` a name such as ``"torch.float32"``/``"float32"`` stands for, or None."""
     return _lookup(_DTYPES, name)
+
+
+@functools.lru_cache(maxsize=256)  # a handful of dtype names, asked for every tensor
+def torch_dtype(name: str) -> Optional[Any]:
+    """The ``torch.dtype`` of a recorded dtype name (``"torch.bfloat16"``, ``"numpy.float32"``,
+    ``"float32"``), or None: the one lookup every replay uses for a record's dtype."""
+    n = name.split(".", 1)[1] if isinstance(name, str) and name.startswith(("torch.", "numpy.")) else name
+    return dtype_of(n)
 
 
 def layout_of(name: Any) -> Optional[Any]:

@@ -132,7 +132,7 @@ def guard_call(func: Callable[..., Any], record: str, spec: Mapping[str, Any],
     no decoding); only when that does not fit the budget is the spec decoded by the judge's
     data-only decoder onto the meta device and run there (:func:`check_allocation`). Nothing is
     read, copied or allocated."""
-    from pytest_ptdbg.judge.arguments import decode_call, family_of
+    from pytest_ptdbg.replayer.arguments import decode_call, family_of
 
     budget = budget_of(outputs)
     try:
@@ -203,7 +203,7 @@ def static_bound(family: str, spec: Mapping[str, Any], shapes: Mapping[str, Tupl
     device decides). ``value(key)``: the data of a small tensor argument (``repeat_interleave``'s
     repeats, ``one_hot``'s classes), or None. Raises AllocationRefused for a
     ``tensor_split`` into more pieces than its tensor has elements (empty tensors cost memory too)."""
-    from pytest_ptdbg.judge.package import tensor_refs
+    from pytest_ptdbg.replayer.codec import tensor_refs
 
     _, _, name = family.partition("_")
     refs = [r for r in tensor_refs(spec) if r in shapes]
@@ -449,7 +449,7 @@ def guard_arrays(func: Callable[..., Any], record: str, spec: Mapping[str, Any],
                  dtypes: Mapping[str, str]) -> None:
     """:func:`guard_call` for a call whose tensors are loaded arrays (``{"input.0": ndarray}``,
     recorded dtypes by key): the outputs are ``output.*`` of ``arrays``, their real shapes."""
-    from pytest_ptdbg.judge.allowlist import dtype_of
+    from pytest_ptdbg.replayer.allowlist import dtype_of
 
     def dtype(key: str) -> Any:
         name = str(dtypes.get(key, ""))

@@ -5,7 +5,7 @@ The script needs only torch and numpy: it loads the package's ``.npy`` files
 runs it (forward, or forward + ``autograd.grad`` for a backward package) and prints cosine, max
 absolute and max relative error against the saved result. Every name written into the code is
 a literal or comes from the judge's tables: the callable is the fixed qualified name of its
-allowlist entry (``pytest_ptdbg/judge/allowlist.py``), dtypes the names of its dtype table, strings
+allowlist entry (``pytest_ptdbg/replayer/allowlist.py``), dtypes the names of its dtype table, strings
 only those the (API, parameter) rule allows, written with ``repr``; the API key in the text is
 rebuilt from the entry. A package the judge refuses gives no script (ReplayRefused).
 """
@@ -18,19 +18,26 @@ import re
 from typing import Any, Dict, List, Optional
 
 from pytest_ptdbg.format import records
-from pytest_ptdbg.judge import allowlist
-from pytest_ptdbg.judge.arguments import check_call, family_of
+from pytest_ptdbg.replayer import allowlist
+from pytest_ptdbg.replayer.arguments import check_call, family_of
 from pytest_ptdbg.errors import ReplayRefused
-from pytest_ptdbg.judge import package as pkgmod
-from pytest_ptdbg.judge.runner import ReplayError, api_path
+from pytest_ptdbg.replayer import codec
+from pytest_ptdbg.repro import package as pkgmod
+from pytest_ptdbg.errors import ReplayError
+from pytest_ptdbg.replayer.engine import api_path
 
 _DTYPE = re.compile(r"^(torch|numpy)\.[a-z0-9_]+$")
 
 _TEMPLATE = '''#!/usr/bin/env python3
 """Standalone reproduction of {api}{what}.
 
-Written by pytest-ptdbg. Runs the call alone from the saved inputs and compares the result with
-the one saved when it was recorded. Needs only torch and numpy.
+Written by pytest-ptdbg. Runs the call alone from the saved inputs (autocast off) and compares
+the result with the one saved when it was recorded, then judges the saved result as compare's
+judgement does: its own error (against a float64 replay, the oracle) within its budget
+({factor:g} x the error of a replay in its compute dtype, {compute}, floored at one rounding at the
+scale of the result and its inputs). (``ptdbg replay PACKAGE_DIR``
+gives the judgement's exact verdict, with its rules for NaN/Inf and results selected from the
+inputs.) Needs only torch and numpy.
 
     python {script_name} [PACKAGE_DIR] [--device cpu|cuda|npu] [--dtype float64]
 """
@@ -98,10 +105,61 @@ def metrics(expected, actual):
     return cos, float(d.max()), float(rel.max())
 
 
+FACTOR = {factor!r}
+FLOOR_UNITS = {floor_units!r}
+COMPUTE = {compute!r}
+UNIT_ROUNDOFF = {unit!r}
+INPUTS = {inputs!r}
+SENTINEL = 1e30
+
+
+def run(device, cast):
+    """The call once, its floating inputs cast to ``cast`` (None: as recorded): {{key: tensor}}."""
+{body}
+    return result
+
+
+def rms(a):
+    """Root mean square of the finite elements below SENTINEL in magnitude (masks are not data)."""
+    a = np.asarray(a, dtype=np.float64).ravel()
+    a = a[np.isfinite(a) & (np.abs(a) < SENTINEL)]
+    return float(np.sqrt(np.mean(a * a))) if a.size else 0.0
+
+
+def judge(device):
+    """Own error and budget of every saved floating result; True when all are within budget."""
+    oracle = run(device, torch.float64)
+    reference = run(device, DTYPES.get(COMPUTE))
+    ins = [np.load(os.path.join(ARGS.package, k + ".npy"), allow_pickle=False) for k in INPUTS]
+    s_in = min([r for r in (rms(a) for a in ins if a.dtype.kind == "f") if r > 0], default=0.0)
+    within = True
+    for key in EXPECTED:
+        saved = np.load(os.path.join(ARGS.package, key + ".npy"), allow_pickle=False)
+        if saved.dtype.kind != "f" or key not in oracle or key not in reference:
+            continue
+        d = saved.astype(np.float64).ravel()
+        o = oracle[key].detach().to("cpu", torch.float64).numpy().ravel()
+        r = reference[key].detach().to("cpu", torch.float64).numpy().ravel()
+        if d.shape != o.shape or d.shape != r.shape:
+            print(f"  {{key}}: its shape differs from the replay's")
+            within = False
+            continue
+        ok = np.isfinite(d) & np.isfinite(o) & np.isfinite(r)
+        own, ref = float(np.linalg.norm(d[ok] - o[ok])), float(np.linalg.norm(r[ok] - o[ok]))
+        scale, n = float(np.linalg.norm(o[ok])), int(ok.sum())
+        budget = max(FACTOR * ref, FLOOR_UNITS * UNIT_ROUNDOFF * max(scale, s_in * np.sqrt(max(n, 1))))
+        over = own > budget
+        within = within and not over
+        rel = (lambda x: x / scale if scale > 0 else x)
+        print(f"  {{key}}: own error {{rel(own):.3g}}, budget {{rel(budget):.3g}} ({{COMPUTE}}): "
+              f"{{'ROOT CAUSE (over budget)' if over else 'within budget'}}")
+    return within
+
+
 def main():
     device = torch.device(ARGS.device)
     cast = DTYPES["torch." + ARGS.dtype.replace("torch.", "")] if ARGS.dtype else None
-{body}
+    result = run(device, cast)
     print(f"{{'tensor':<22}} {{'cosine':>12}} {{'max abs err':>12}} {{'max rel err':>12}}")
     for key, dtype in EXPECTED.items():
         expected = np.load(os.path.join(ARGS.package, key + ".npy"), allow_pickle=False)
@@ -110,6 +168,8 @@ def main():
             continue
         cos, mae, mre = metrics(expected, result[key])
         print(f"{{key:<22}} {{cos:>12.6g}} {{mae:>12.6g}} {{mre:>12.6g}}")
+    print("verdict (own error against its budget, as compare judges):")
+    print("  within budget" if judge(device) else "  ROOT CAUSE: over budget")
 
 
 EXPECTED = {expected!r}
@@ -200,7 +260,7 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
     backward = p.direction == "backward"
     names: Dict[str, str] = {}
     body: List[str] = []
-    for key in pkgmod.tensor_refs(pkg.call):
+    for key in codec.tensor_refs(pkg.call):
         if not (isinstance(key, str) and re.fullmatch(r"input(\.[0-9]+)+", key)):
             raise ReplayError(f"{api}: tensor key {str(key)[:60]!r} is not of the form input.N")
         info = pkg.tensors[key]
@@ -222,7 +282,7 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
     call = f"{func}({', '.join(args)})"
     body.append("    set_rng(device)")
     if not backward:
-        body.append("    with torch.no_grad():")
+        body.append("    with torch.no_grad(), torch.autocast(device.type, enabled=False):")
         body.append(f"        output = {call}")
         first = pkg.call.get("args", [None])[0] if pkg.call.get("args") else None
         if isinstance(first, dict) and set(first) == {"t"}:
@@ -231,10 +291,11 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
         else:
             body.append("    result = flatten(output)")
     else:
-        leaves = [k for k in pkgmod.tensor_refs(pkg.call) if pkg.tensors[k].requires_grad]
+        leaves = [k for k in codec.tensor_refs(pkg.call) if pkg.tensors[k].requires_grad]
         if not leaves:
             raise ReplayError(f"{api}: no input requires grad; nothing to differentiate")
-        body.append(f"    output = {call}")
+        body.append("    with torch.autocast(device.type, enabled=False):")
+        body.append(f"        output = {call}")
         body.append("    outs = flatten(output)")
         body.append("    grads = {")
         for gkey in pkg.keys("backward_input"):
@@ -259,7 +320,14 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
         stack = "# recorded at (innermost first):\n" + "\n".join(
             "#   " + re.sub(r"[\x00-\x1f\x7f\u2028\u2029\x85\x0c]", " ", " ".join(str(x) for x in f[:3]))[:160]
             for f in frames) + "\n"
+    from pytest_ptdbg.judge import budget as B
+    from pytest_ptdbg.judge.own_error import compute_dtype
+
+    compute = compute_dtype([pkg.tensors[k].dtype for k in pkg.keys("output")])
+    inputs = pkg.keys("input") + (pkg.keys("backward_input") if backward else [])
     return _TEMPLATE.format(
+        factor=B.FACTOR, floor_units=B.FLOOR_UNITS, compute=compute, unit=B.unit_roundoff(compute or "float32"),
+        inputs=[k for k in inputs if re.fullmatch(r"(backward_)?input(\.[0-9]+)+", k)],
         api=api, what=what, script_name=re.sub(r"[^\w.-]", "_", script_name),
         dtypes=", ".join(f"{n!r}: {n}" for n in allowlist.dtype_names()), package_dir=pkg.path, stack_comment=stack,
         body="\n".join(body), expected={k: pkg.tensors[k].dtype for k in pkg.expected_keys},
