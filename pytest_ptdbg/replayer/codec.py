@@ -19,7 +19,7 @@ __all__ = ["encode_call", "decode_call", "tensor_refs", "flatten_output", "flatt
 
 
 def encode_call(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict:
-    """The call spec of ``args``/``kwargs`` (capture's encoder, ``capture/call_spec.py``)."""
+    """The call spec of ``args``/``kwargs`` (capture's encoder, ``dump/call_spec.py``)."""
     from pytest_ptdbg.dump import call_spec
 
     return call_spec.encode_call(tuple(args), kwargs)

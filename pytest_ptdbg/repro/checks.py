@@ -13,7 +13,7 @@ def pair_metrics(saved: np.ndarray, replayed: np.ndarray, saved_dtype: str, repl
     """Metrics of one (saved, replayed) pair as TensorCheck fields (minus key, dtypes, shape).
 
     The saved result plays the compare stage's "NPU" side and the replay the "bench" side;
-    ``rule`` is a ``compare.verdict`` rule name (default ``"ptdbg"``). A pair with nothing to
+    ``rule`` is a ``comparison.verdict`` rule name (default ``"ptdbg"``). A pair with nothing to
     compare (empty, or NaN/Inf at the same places only) passes.
     """
     rule = rule or "ptdbg"

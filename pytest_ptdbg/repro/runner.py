@@ -279,7 +279,7 @@ def _nan_low(x: float) -> float:
 
 def compare_tensor(key: str, expected: np.ndarray, expected_dtype: str, actual: Any,
                    rule: Optional[str] = None) -> TensorCheck:
-    """Compare a replayed tensor with the saved array using ``compare.metrics``/``compare.verdict``."""
+    """Compare a replayed tensor with the saved array using ``comparison.metrics``/``comparison.verdict``."""
     from pytest_ptdbg.repro import checks as _metrics
 
     act = codec.to_numpy(actual)
@@ -340,7 +340,7 @@ def replay(package_dir: str, device: str = "cpu", dtype: Union[str, Any, None] =
 
     ``rule``: ``"budget"`` (default: the verdict compare's judgement gives this call, its own error
     against its budget, :func:`judge_package`; a call the judgement does not judge by value, such as
-    a random one, falls back to ``"dtype"``), or a ``compare.verdict`` rule for every tensor:
+    a random one, falls back to ``"dtype"``), or a ``comparison.verdict`` rule for every tensor:
     ``"dtype"`` (the assert_close tolerances of the lower-precision side) or ``"ptdbg"`` (ptdbg's
     loose rule).
     Raises FileNotFoundError/ValueError for a bad package, ReplayRefused (a ValueError) before any
