@@ -93,13 +93,6 @@ def compute_dtype(dtypes: Sequence[str]) -> Optional[str]:
     return max(fl, key=B.unit_roundoff) if fl else None
 
 
-def _leaf_values(v: Any, out: List[str]) -> None:
-    if isinstance(v, dict) and set(v) == {"t"}:
-        out.append("<tensor>")
-    else:
-        out.append(json.dumps(v, sort_keys=True))
-
-
 def _skip(x: Any) -> bool:
     return isinstance(x, dict) and len(x) == 1 and next(iter(x)) in ("t", "dtype")
 
