@@ -143,8 +143,8 @@ def run_compare(args: argparse.Namespace) -> int:
         for path in (args.npu, args.bench):
             check_input(path)
         if args.distributed:
-            kw = dict(stack_mode=options.stack_mode, fuzzy_match=options.fuzzy_match, rule=options.rule,
-                      replay_check=options.replay_check, summary_compare=options.summary_compare)
+            kw = {"stack_mode": options.stack_mode, "fuzzy_match": options.fuzzy_match, "rule": options.rule,
+                  "replay_check": options.replay_check, "summary_compare": options.summary_compare}
             res = compare_distributed(step_folder(args.npu), step_folder(args.bench), args.output,
                                       is_print_compare_log=options.log, **kw)
             if args.quiet:

@@ -353,7 +353,8 @@ def compare_arrays(npu, bench, eps: Optional[float] = None,
     """All metrics of one pair of arrays (any numeric/bool dtype), chunked, in float64.
 
     ``eps``: denominator where bench == 0 (default: :func:`zero_eps` of the bench array's dtype:
-    float32's for float16/float32, float64's for float64, int and bool). ``tol``: optional ``(atol, rtol)`` for ``tol_fail``.
+    float32's for float16/float32, float64's for float64, int and bool). ``tol``: optional
+    ``(atol, rtol)`` for ``tol_fail``.
     """
     n, b = np.asarray(npu), np.asarray(bench)
     if n.shape != b.shape:

@@ -390,8 +390,8 @@ def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = 
     for i in range(n):
         if not paired[i]:
             continue
-        v = per.setdefault(apis[i], dict(ins=[], outs=[], nan_in=False, nan_out=False, unknown=False,
-                                         u=_unit("torch.float32"), row=i))
+        v = per.setdefault(apis[i], {"ins": [], "outs": [], "nan_in": False, "nan_out": False, "unknown": False,
+                                     "u": _unit("torch.float32"), "row": i})
         v["u"] = max([v["u"]] + [_unit(d) for d in dts[i].split("|") if "float" in d])
         if io[i] == "output":
             v["outs"].append(i)

@@ -193,7 +193,7 @@ def _here(func: Callable[[Any], Any], item: Any) -> Any:
 
 
 def _command() -> List[str]:
-    flags = getattr(subprocess, "_args_from_interpreter_flags", lambda: [])()
+    flags: List[str] = getattr(subprocess, "_args_from_interpreter_flags", list)()
     return [sys.executable] + flags + ["-c", _BOOT, _ROOT]
 
 
