@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -116,7 +116,7 @@ class _Work(threading.local):
         self.d = np.empty(BLOCK)
         self.r = np.empty(BLOCK)
         self.m = np.empty(BLOCK, dtype=bool)
-        self.raw = {}
+        self.raw: Dict[Tuple[str, int], np.ndarray] = {}
 
     def raw_buf(self, dtype: np.dtype, slot: int) -> np.ndarray:
         key = (dtype.str, slot)
@@ -397,7 +397,7 @@ def summary_diffs(npu_stats, bench_stats) -> Tuple[float, float, float, float]:
         a = stat_at(npu_stats, i)
         b = stat_at(bench_stats, i)
         out.append(a - b if a is not None and b is not None else math.nan)
-    return tuple(out)
+    return out[0], out[1], out[2], out[3]
 
 
 def summary_rel_l2(npu_stats, bench_stats) -> float:
