@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -216,7 +216,8 @@ def selects_inputs(result: np.ndarray, inputs: Sequence[np.ndarray], numbers: Se
     return bool(np.isin(r, np.concatenate(pool)).all())
 
 
-def finite_norms(device: np.ndarray, oracle: np.ndarray, reference: np.ndarray):
+def finite_norms(device: np.ndarray, oracle: np.ndarray,
+                 reference: np.ndarray) -> Optional[Tuple[float, float, float, int]]:
     """``(‖device − oracle‖₂, ‖reference − oracle‖₂, ‖oracle‖₂, n)`` when every element of the
     three is finite (finite squared norms say so: a NaN/Inf makes its sum NaN/Inf), else None.
     Differences are taken in float64 straight from the arrays' own dtypes (the same numbers as

@@ -307,7 +307,7 @@ def _zero_tensors_at_data_scale(t: CompareTable, err: np.ndarray, rel: np.ndarra
             if np.isfinite(rng[i]) and rng[i] > 0:
                 scale_rng[apis[i]] = max(scale_rng.get(apis[i], 0.0), float(rng[i]))
     out = err.copy()
-    for i in np.flatnonzero(zero):
+    for i in np.flatnonzero(zero).tolist():
         if not np.isnan(rel[i]) and np.isfinite(numel[i]) and numel[i] > 0:
             diff_l2 = float(rel[i]) * float(b_l2[i]) if np.isfinite(rel[i]) and b_l2[i] > 0 else float(n_l2[i])
             floor = scale_rms.get(apis[i], ZERO_FLOOR) * math.sqrt(numel[i])

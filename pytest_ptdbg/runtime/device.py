@@ -39,7 +39,7 @@ def seed_devices(seed: int) -> None:
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
     if has_npu():  # pragma: no cover - needs torch_npu
-        torch.npu.manual_seed_all(seed)
+        torch.npu.manual_seed_all(seed)  # type: ignore[attr-defined]  # torch_npu adds torch.npu
 
 
 
@@ -103,6 +103,6 @@ def resolve_device(name: str) -> Any:
         problem = _npu_problem()
         if problem:
             raise DeviceUnavailable(f"device {name!r} requested but {problem}")
-        _check_index("npu", index, torch.npu.device_count())
+        _check_index("npu", index, torch.npu.device_count())  # type: ignore[attr-defined]  # from torch_npu
         return torch.device("npu", index)
     raise DeviceUnavailable(f"unknown device {name!r}: expected auto, cpu, cuda[:i] or npu[:i]")
