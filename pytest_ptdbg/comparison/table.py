@@ -35,7 +35,7 @@ import math
 import os
 from operator import itemgetter
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -75,6 +75,8 @@ if TYPE_CHECKING:  # pragma: no cover
         def __setitem__(self, key: str, value: Any, /) -> None: ...
         def get(self, key: str, default: Any = None, /) -> Any: ...
 
+#: the aligned calls of the two dumps (``pairing.pair_apis``): either side may be missing, never both
+_Steps = Sequence[Tuple[Optional[ApiRec], Optional[ApiRec]]]
 #: a tensor pair of one call: either side may be missing, never both
 _Pair = Tuple[Optional[TensorRec], Optional[TensorRec]]
 #: ``(atol, rtol)`` of the dtype rule, None under ptdbg's rule
@@ -89,7 +91,7 @@ WORKERS = 2
 BAR_MIN_APIS = 2000
 
 
-def _stat(stats, i: int) -> float:
+def _stat(stats: M.Stats, i: int) -> float:
     v = M.stat_at(stats, i)
     return math.nan if v is None else v
 
@@ -184,9 +186,14 @@ def _loader(t: TensorRec) -> np.ndarray:
     return npy.load_npy(path, t.name, t.shape, t.dtype, mmap=True)
 
 
-def _code_paths(steps, summary: bool) -> dict:
+def _code_paths(steps: _Steps, summary: bool) -> Dict[Tuple[str, str], Tuple[str, str]]:
     """``{(side, API key): (kind, message)}`` for every call recorded on one side only."""
-    one = [("NPU", na) if na is not None else ("bench", ba) for na, ba in steps if (na is None) != (ba is None)]
+    one: List[Tuple[str, ApiRec]] = []
+    for na, ba in steps:
+        if ba is None and na is not None:
+            one.append(("NPU", na))
+        elif na is None and ba is not None:
+            one.append(("bench", ba))
     one.sort(key=lambda sa: sa[1].direction == "backward")   # forwards first: backwards read them
     load = None if summary else _loader
     kinds: dict = {}
@@ -223,7 +230,7 @@ def _code_paths(steps, summary: bool) -> dict:
     return kinds
 
 
-def _earlier_dtypes(steps, wanted: set) -> dict:
+def _earlier_dtypes(steps: _Steps, wanted: Set[int]) -> Dict[int, Set[str]]:
     """``{id(api): output float dtypes of that side's forward calls before it}`` for the calls in
     ``wanted`` (one pass over the aligned sequence)."""
     seen: Tuple[Set[str], Set[str]] = (set(), set())
@@ -256,7 +263,7 @@ def _stats4(t: Optional[TensorRec]) -> tuple:
 _SHAPE_LISTS: Dict[tuple, list] = {}
 
 
-def _shape_list(shape) -> list:
+def _shape_list(shape: Tuple[int, ...]) -> list:
     got = _SHAPE_LISTS.get(shape)
     if got is None:
         if len(_SHAPE_LISTS) >= 1 << 14:
@@ -266,7 +273,7 @@ def _shape_list(shape) -> list:
 
 
 def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Optional[ApiRec],
-         ba: Optional[ApiRec], stack, summary: bool) -> dict:
+         ba: Optional[ApiRec], stack: Optional[list], summary: bool) -> dict:
     t = nt or bt
     n1, n2, n3, n4 = _stats4(nt)
     b1, b2, b3, b4 = _stats4(bt)
@@ -300,7 +307,7 @@ def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Opti
     return r
 
 
-def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack, summary: bool, rule: Rule,
+def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack: Optional[list], summary: bool, rule: Rule,
               th: V.Thresholds) -> Tuple[List[dict], Set[str], Set[str]]:
     """One row per argument leaf of a paired call; the record slots they stand for on each side."""
     rows = []
@@ -467,7 +474,7 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
         bar = Progress(0, "compare: tensors", enabled=None if len(jobs) >= BAR_MIN_APIS else False)
         tell = progress
         if bar.enabled:
-            def tell(msg: str, _p=progress) -> None:
+            def tell(msg: str, _p: Optional[Callable[[str], None]] = progress) -> None:
                 done, _, total = msg.split()[1].partition("/")
                 bar.total = int(total)
                 bar.update(int(done))
@@ -513,13 +520,13 @@ class _Row:
     def __init__(self, data: Dict[str, list], i: int) -> None:
         self.data, self.i = data, i
 
-    def __getitem__(self, key: str):
+    def __getitem__(self, key: str) -> Any:
         return self.data[key][self.i]
 
-    def __setitem__(self, key: str, value) -> None:
+    def __setitem__(self, key: str, value: Any) -> None:
         self.data[key][self.i] = value
 
-    def get(self, key: str, default=None):
+    def get(self, key: str, default: Any = None) -> Any:
         col = self.data.get(key)
         return default if col is None else col[self.i]
 
@@ -540,7 +547,7 @@ class _Columns:
     def append(self, r: dict) -> None:
         self.rows.append(self._get(r))
 
-    def extend(self, rs) -> None:
+    def extend(self, rs: Iterable[dict]) -> None:
         get, add = self._get, self.rows.append
         for r in rs:
             add(get(r))
@@ -613,7 +620,7 @@ def _summary_row(r: dict, nt: TensorRec, bt: TensorRec, rule: Rule, th: V.Thresh
     r["Err_message"] = "; ".join(msgs)
 
 
-def _four_floats(stats) -> bool:
+def _four_floats(stats: M.Stats) -> bool:
     return stats.__class__ is list and len(stats) == 4 and all(v.__class__ is float for v in stats)
 
 
@@ -653,7 +660,7 @@ def _summary_rows(data: Dict[str, list], deferred: list, rule: Rule, th: V.Thres
         nm[i] = m
 
 
-def _typed(values: list):
+def _typed(values: list) -> Union[list, np.ndarray]:
     """A column's values as the numpy array pandas would infer for them (float64, bool, int64)
     when they are all of one such Python type; else the list itself (pandas infers)."""
     if not values:
