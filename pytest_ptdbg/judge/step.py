@@ -275,7 +275,7 @@ def _inputs_differ(t: CompareTable) -> Optional[tuple]:
 ZERO_FLOOR = 1.0
 
 
-def _numel(shape: Any) -> float:
+def _numel(shape: object) -> float:
     try:
         return float(np.prod([int(x) for x in shape])) if isinstance(shape, (list, tuple)) else math.nan
     except (TypeError, ValueError):

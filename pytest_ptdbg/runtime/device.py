@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any, List
+from typing import TYPE_CHECKING, List
 from pytest_ptdbg.errors import DeviceUnavailable
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 __all__ = ["DeviceUnavailable", "available_devices", "has_npu", "resolve_device", "seed_devices"]
 
@@ -76,7 +79,7 @@ def _check_index(kind: str, index: int, count: int) -> None:
         raise DeviceUnavailable(f"{kind}:{index} requested but only {count} {kind} device(s) exist")
 
 
-def resolve_device(name: str) -> Any:
+def resolve_device(name: str) -> torch.device:
     """``name`` (auto, cpu, cuda, cuda:1, npu, npu:0) -> ``torch.device``; raises DeviceUnavailable."""
     import torch
 
