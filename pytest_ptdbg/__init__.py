@@ -34,7 +34,9 @@ _EXPORTS = {
     "ReplayRefused": "pytest_ptdbg.errors",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = list(_EXPORTS)   # the names of the lazy exports, sorted, then __version__
+__all__.sort()
+__all__.append("__version__")
 
 
 def __getattr__(name: str) -> Any:

@@ -59,7 +59,7 @@ def _resolve(target: str) -> Optional[Callable[..., Any]]:
     return getattr(m, fn, None)
 
 
-def add_compare_parser(sub: Any) -> argparse.ArgumentParser:
+def add_compare_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help=SUBCOMMANDS["compare"][2], epilog=EXIT_STATUS,
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Compare an NPU (device under test) dump with a bench dump. A dump "
@@ -143,8 +143,8 @@ def run_compare(args: argparse.Namespace) -> int:
         for path in (args.npu, args.bench):
             check_input(path)
         if args.distributed:
-            kw = dict(stack_mode=options.stack_mode, fuzzy_match=options.fuzzy_match, rule=options.rule,
-                      replay_check=options.replay_check, summary_compare=options.summary_compare)
+            kw = {"stack_mode": options.stack_mode, "fuzzy_match": options.fuzzy_match, "rule": options.rule,
+                  "replay_check": options.replay_check, "summary_compare": options.summary_compare}
             res = compare_distributed(step_folder(args.npu), step_folder(args.bench), args.output,
                                       is_print_compare_log=options.log, **kw)
             if args.quiet:
@@ -171,7 +171,7 @@ def run_compare(args: argparse.Namespace) -> int:
     return EXIT_OK if r.passed else EXIT_FAILED
 
 
-def add_parse_parser(sub: Any) -> argparse.ArgumentParser:
+def add_parse_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("parse", help=SUBCOMMANDS["parse"][2], epilog=EXIT_STATUS,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("pkl", help=".pkl, dump.json or dump folder")

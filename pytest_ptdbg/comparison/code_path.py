@@ -42,7 +42,8 @@ REORDERING = frozenset({"permute", "transpose", "transpose_", "t", "t_", "flip",
                         "pixel_unshuffle", "as_strided"})
 
 #: storage bits of the floating dtypes a step computes in, by every name (``runtime/dtypes.py``)
-_WIDTH = {d: FLOATS[short_name(d)].bits for d in ("float16", "half", "bfloat16", "float32", "float", "float64", "double")}
+_WIDTH = {d: FLOATS[short_name(d)].bits
+          for d in ("float16", "half", "bfloat16", "float32", "float", "float64", "double")}
 
 
 def _bits(dtype: str) -> int:

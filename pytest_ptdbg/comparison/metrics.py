@@ -30,11 +30,20 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from pytest_ptdbg.runtime.dtypes import FLOATS, short_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from numpy.typing import ArrayLike
+
+    from pytest_ptdbg.dump.npy import NpyStream
+
+#: a record's statistics as the dump holds them (``[max, min, mean, l2norm]``: numbers, or strings
+#: such as ``"inf"``; anything else is not a number)
+Stats = Optional[Sequence[object]]
 
 #: the summation unit: sums of squares are taken per CHUNK elements (as slices of DOT_SLICE) and
 #: added to the totals chunk by chunk, in order, so the results do not depend on BLOCK
@@ -116,7 +125,7 @@ class _Work(threading.local):
         self.d = np.empty(BLOCK)
         self.r = np.empty(BLOCK)
         self.m = np.empty(BLOCK, dtype=bool)
-        self.raw = {}
+        self.raw: Dict[Tuple[str, int], np.ndarray] = {}
 
     def raw_buf(self, dtype: np.dtype, slot: int) -> np.ndarray:
         key = (dtype.str, slot)
@@ -342,18 +351,19 @@ def cosine_from_sums(nb: float, nn: float, bb: float, dd: float = math.nan) -> f
     return min(1.0, max(-1.0, c))
 
 
-def shape_mismatch(npu_shape, bench_shape) -> PairMetrics:
+def shape_mismatch(npu_shape: Sequence[int], bench_shape: Sequence[int]) -> PairMetrics:
     """The metrics row of a pair whose shapes differ (ptdbg's "Unmatched")."""
     return PairMetrics(shape_mismatch=True,
                        message=f"shape changed (Unmatched): NPU {list(npu_shape)} vs bench {list(bench_shape)}")
 
 
-def compare_arrays(npu, bench, eps: Optional[float] = None,
+def compare_arrays(npu: ArrayLike, bench: ArrayLike, eps: Optional[float] = None,
                    tol: Optional[Tuple[float, float]] = None) -> PairMetrics:
     """All metrics of one pair of arrays (any numeric/bool dtype), chunked, in float64.
 
     ``eps``: denominator where bench == 0 (default: :func:`zero_eps` of the bench array's dtype:
-    float32's for float16/float32, float64's for float64, int and bool). ``tol``: optional ``(atol, rtol)`` for ``tol_fail``.
+    float32's for float16/float32, float64's for float64, int and bool). ``tol``: optional
+    ``(atol, rtol)`` for ``tol_fail``.
     """
     n, b = np.asarray(npu), np.asarray(bench)
     if n.shape != b.shape:
@@ -365,7 +375,8 @@ def compare_arrays(npu, bench, eps: Optional[float] = None,
     return _finish(acc, n.size)
 
 
-def compare_streams(src_n, src_b, eps: float, tol: Optional[Tuple[float, float]] = None) -> PairMetrics:
+def compare_streams(src_n: Union[np.ndarray, NpyStream], src_b: Union[np.ndarray, NpyStream], eps: float,
+                    tol: Optional[Tuple[float, float]] = None) -> PairMetrics:
     """Like :func:`compare_arrays` for two sources with ``.size``/``.shape``: flat arrays or NpyStreams."""
     if tuple(src_n.shape) != tuple(src_b.shape):
         return shape_mismatch(src_n.shape, src_b.shape)
@@ -379,7 +390,7 @@ def compare_streams(src_n, src_b, eps: float, tol: Optional[Tuple[float, float]]
 
 # A single-metric helper (a thin wrapper, for tests and interactive use).
 
-def cosine(npu, bench) -> float:
+def cosine(npu: ArrayLike, bench: ArrayLike) -> float:
     return compare_arrays(npu, bench).cosine
 
 
@@ -389,17 +400,17 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / abs(b)
 
 
-def summary_diffs(npu_stats, bench_stats) -> Tuple[float, float, float, float]:
+def summary_diffs(npu_stats: Stats, bench_stats: Stats) -> Tuple[float, float, float, float]:
     """Summary compare: (max, min, mean, l2norm) differences NPU − bench; NaN where unknown."""
     out = []
     for i in range(4):
         a = stat_at(npu_stats, i)
         b = stat_at(bench_stats, i)
         out.append(a - b if a is not None and b is not None else math.nan)
-    return tuple(out)
+    return out[0], out[1], out[2], out[3]
 
 
-def summary_rel_l2(npu_stats, bench_stats) -> float:
+def summary_rel_l2(npu_stats: Stats, bench_stats: Stats) -> float:
     """Relative L2-norm difference |‖n‖ − ‖b‖| / ‖b‖ from the statistics; NaN when unknown."""
     a, b = stat_at(npu_stats, 3), stat_at(bench_stats, 3)
     if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
@@ -407,7 +418,7 @@ def summary_rel_l2(npu_stats, bench_stats) -> float:
     return _rel(a, b)
 
 
-def stat_at(stats, i: int) -> Optional[float]:
+def stat_at(stats: Stats, i: int) -> Optional[float]:
     """Statistic ``i`` of ``[max, min, mean, l2norm]`` as a float; None when absent or not a number."""
     if not stats or len(stats) <= i:
         return None

@@ -35,7 +35,7 @@ import math
 import os
 from operator import itemgetter
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -45,8 +45,8 @@ from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.pairing import dtype_class, pair_apis
 from pytest_ptdbg.comparison.rule import Rule
-from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, METRIC_COLUMNS, SUMMARY_COLUMNS,
-                                             SUMMARY_DIFF_COLUMNS, CompareTable)
+from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, SUMMARY_COLUMNS, SUMMARY_DIFF_COLUMNS,
+                                             CompareTable)
 from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
 from pytest_ptdbg.runtime.gc_pause import paused_gc
@@ -56,6 +56,34 @@ from pytest_ptdbg.runtime import pool
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
+    class _Saved(Protocol):
+        """What a comparison job reads of a tensor record (a ``TensorRec``, or a ``_Lite`` in a worker)."""
+
+        @property
+        def data_file(self) -> Optional[str]: ...
+        @property
+        def name(self) -> str: ...
+        @property
+        def shape(self) -> Sequence[int]: ...
+        @property
+        def dtype(self) -> str: ...
+
+    class _Cells(Protocol):
+        """A row being filled in: a row dict, or a :class:`_Row` of the column lists."""
+
+        def __getitem__(self, key: str, /) -> Any: ...
+        def __setitem__(self, key: str, value: Any, /) -> None: ...
+        def get(self, key: str, default: Any = None, /) -> Any: ...
+
+#: the aligned calls of the two dumps (``pairing.pair_apis``): either side may be missing, never both
+_Steps = Sequence[Tuple[Optional[ApiRec], Optional[ApiRec]]]
+#: a tensor pair of one call: either side may be missing, never both
+_Pair = Tuple[Optional[TensorRec], Optional[TensorRec]]
+#: ``(atol, rtol)`` of the dtype rule, None under ptdbg's rule
+_Tol = Optional[Tuple[float, float]]
+#: a tensor pair to compare element by element: ``(row, NPU record, bench record, tolerance)``
+_Job = Tuple[int, TensorRec, TensorRec, _Tol]
+
 
 #: worker threads (or processes, for large compares) comparing tensor pairs
 WORKERS = 2
@@ -63,7 +91,7 @@ WORKERS = 2
 BAR_MIN_APIS = 2000
 
 
-def _stat(stats, i: int) -> float:
+def _stat(stats: M.Stats, i: int) -> float:
     v = M.stat_at(stats, i)
     return math.nan if v is None else v
 
@@ -75,22 +103,30 @@ def _nonfinite_from_stats(t: TensorRec) -> int:
     return int(any(v is not None and not math.isfinite(v) for v in vals))
 
 
-def _source(t: TensorRec):
+def _path(t: _Saved) -> str:
+    """The record's data file (jobs and loads are made only for records that have one)."""
     path = t.data_file
+    assert path is not None, f"{t.name}: no data file"
+    return path
+
+
+def _source(t: _Saved) -> Union[np.ndarray, npy.NpyStream]:
+    path = _path(t)
     if path.endswith(".pt"):
         return npy.load_pt(path, t.name, t.shape, t.dtype)
     return npy.NpyStream(path, t.name, t.shape, t.dtype)
 
 
-def _as_real(t: TensorRec) -> np.ndarray:
+def _as_real(t: _Saved) -> np.ndarray:
     """A complex tensor's data as interleaved (real, imag) floats."""
-    arr = npy.load_pt(t.data_file, t.name, t.shape, t.dtype) if t.data_file.endswith(".pt") \
-        else npy.load_npy(t.data_file, t.name, t.shape, t.dtype, mmap=True)
+    path = _path(t)
+    arr = npy.load_pt(path, t.name, t.shape, t.dtype) if path.endswith(".pt") \
+        else npy.load_npy(path, t.name, t.shape, t.dtype, mmap=True)
     arr = np.ascontiguousarray(arr)
     return arr.view(arr.real.dtype) if arr.dtype.kind == "c" else arr
 
 
-def _compare_job(nt: TensorRec, bt: TensorRec, tol) -> Tuple[Optional[M.PairMetrics], str]:
+def _compare_job(nt: _Saved, bt: _Saved, tol: _Tol) -> Tuple[Optional[M.PairMetrics], str]:
     if tuple(nt.shape) != tuple(bt.shape):
         return M.shape_mismatch(nt.shape, bt.shape), ""
     if "complex" in nt.dtype or "complex" in bt.dtype:
@@ -111,12 +147,13 @@ def _compare_job(nt: TensorRec, bt: TensorRec, tol) -> Tuple[Optional[M.PairMetr
                 s.close()
 
 
-def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec], skip: Callable[[TensorRec], bool] = lambda t: False):
+def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec],
+                  skip: Callable[[TensorRec], bool] = lambda t: False) -> List[_Pair]:
     nts = [t for t in na.tensors if not skip(t)] if na else []
     bts = [t for t in ba.tensors if not skip(t)] if ba else []
     by_slot = {t.slot: t for t in bts}
     used = set()
-    out = []
+    out: List[_Pair] = []
     for t in nts:
         b = by_slot.get(t.slot)
         if b is not None:
@@ -126,16 +163,37 @@ def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec], skip: Callable[[Te
     return out
 
 
+def _either(nt: Optional[TensorRec], bt: Optional[TensorRec]) -> TensorRec:
+    """The NPU record of a pair, else its bench record (a pair has at least one)."""
+    t = nt or bt
+    assert t is not None, "a tensor pair has at least one side"
+    return t
+
+
+def _not_left_over(npu_key: str, used_n: Set[str], used_b: Set[str]) -> Callable[[TensorRec], bool]:
+    """The records to skip when pairing the scalar records the call specs left over: tensors, and
+    the scalar records whose slots an argument row stands for (``used_n``: NPU side, ``used_b``: bench)."""
+    def skip(t: TensorRec) -> bool:
+        return not A.is_scalar_record(t) or t.slot in (used_n if t.api == npu_key else used_b)
+    return skip
+
+
 def _loader(t: TensorRec) -> np.ndarray:
     """A record's saved data as an array (memory-mapped ``.npy``; msprobe ``.pt`` loaded)."""
-    if t.data_file.endswith(".pt"):
-        return npy.load_pt(t.data_file, t.name, t.shape, t.dtype)
-    return npy.load_npy(t.data_file, t.name, t.shape, t.dtype, mmap=True)
+    path = _path(t)
+    if path.endswith(".pt"):
+        return npy.load_pt(path, t.name, t.shape, t.dtype)
+    return npy.load_npy(path, t.name, t.shape, t.dtype, mmap=True)
 
 
-def _code_paths(steps, summary: bool) -> dict:
+def _code_paths(steps: _Steps, summary: bool) -> Dict[Tuple[str, str], Tuple[str, str]]:
     """``{(side, API key): (kind, message)}`` for every call recorded on one side only."""
-    one = [("NPU", na) if na is not None else ("bench", ba) for na, ba in steps if (na is None) != (ba is None)]
+    one: List[Tuple[str, ApiRec]] = []
+    for na, ba in steps:
+        if ba is None and na is not None:
+            one.append(("NPU", na))
+        elif na is None and ba is not None:
+            one.append(("bench", ba))
     one.sort(key=lambda sa: sa[1].direction == "backward")   # forwards first: backwards read them
     load = None if summary else _loader
     kinds: dict = {}
@@ -172,10 +230,10 @@ def _code_paths(steps, summary: bool) -> dict:
     return kinds
 
 
-def _earlier_dtypes(steps, wanted: set) -> dict:
+def _earlier_dtypes(steps: _Steps, wanted: Set[int]) -> Dict[int, Set[str]]:
     """``{id(api): output float dtypes of that side's forward calls before it}`` for the calls in
     ``wanted`` (one pass over the aligned sequence)."""
-    seen = (set(), set())
+    seen: Tuple[Set[str], Set[str]] = (set(), set())
     out: dict = {}
     for pair in steps:
         for k in (0, 1):
@@ -205,7 +263,7 @@ def _stats4(t: Optional[TensorRec]) -> tuple:
 _SHAPE_LISTS: Dict[tuple, list] = {}
 
 
-def _shape_list(shape) -> list:
+def _shape_list(shape: Tuple[int, ...]) -> list:
     got = _SHAPE_LISTS.get(shape)
     if got is None:
         if len(_SHAPE_LISTS) >= 1 << 14:
@@ -215,7 +273,7 @@ def _shape_list(shape) -> list:
 
 
 def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Optional[ApiRec],
-         ba: Optional[ApiRec], stack, summary: bool) -> dict:
+         ba: Optional[ApiRec], stack: Optional[list], summary: bool) -> dict:
     t = nt or bt
     n1, n2, n3, n4 = _stats4(nt)
     b1, b2, b3, b4 = _stats4(bt)
@@ -249,13 +307,14 @@ def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Opti
     return r
 
 
-def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack, summary: bool, rule: Rule,
-              th: V.Thresholds) -> Tuple[List[dict], set, set]:
+def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack: Optional[list], summary: bool, rule: Rule,
+              th: V.Thresholds) -> Tuple[List[dict], Set[str], Set[str]]:
     """One row per argument leaf of a paired call; the record slots they stand for on each side."""
     rows = []
     n_rec = {t.slot: t for t in na.tensors if A.is_scalar_record(t)}
     b_rec = {t.slot: t for t in ba.tensors if A.is_scalar_record(t)}
-    used_n, used_b = set(), set()
+    used_n: Set[str] = set()
+    used_b: Set[str] = set()
     sep_n, sep_b = A.name_sep(na.key), A.name_sep(ba.key)
     for leaf in leaves:
         if leaf.status == "ignored" and not (leaf.npu_slot in n_rec or leaf.bench_slot in b_rec):
@@ -341,30 +400,31 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
     kinds = _code_paths(steps, summary)
     cols = [str(c) for c in (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS]
     rows = _Columns(cols)   # each finished row is one tuple (no dict per row kept)
-    jobs = []
+    jobs: List[_Job] = []
     deferred: list = []     # summary rows judged at once, over arrays (_summary_rows)
     # long work: a progress bar where a person waits (a terminal), nothing elsewhere
     bar = Progress(len(steps), "compare: pairing", enabled=None if len(steps) >= BAR_MIN_APIS else False)
     for k_step, (na, ba) in enumerate(steps):
         if not k_step & 255:
             bar.update(k_step)
-        stack = na.stack if na is not None else (ba.stack if ba is not None else None)
         api = na if na is not None else ba
+        assert api is not None, "pair_apis pairs a call with a call or with None, never None with None"
+        stack = api.stack
         leaves = A.compare_arguments(na, ba, npu.layout == "msprobe", bench.layout == "msprobe") \
             if na is not None and ba is not None else None
-        pairs = _pair_tensors(na, ba, A.is_scalar_record if leaves is not None else (lambda t: False))
         arg_rows: List[dict] = []
-        if leaves is not None:
+        if na is not None and ba is not None and leaves is not None:
+            pairs = _pair_tensors(na, ba, A.is_scalar_record)
             arg_rows, used_n, used_b = _arg_rows(leaves, na, ba, stack, summary, rule, th)
             # scalar records the call specs do not account for: compared slot by slot
-            pairs += _pair_tensors(na, ba, lambda t: not A.is_scalar_record(t) or
-                                   t.slot in (used_n if t.api == na.key else used_b))
-        n_inputs = sum(1 for nt, bt in pairs if (nt or bt).io == "input") if arg_rows else 0
+            pairs += _pair_tensors(na, ba, _not_left_over(na.key, used_n, used_b))
+        else:
+            pairs = _pair_tensors(na, ba)
+        n_inputs = sum(1 for nt, bt in pairs if _either(nt, bt).io == "input") if arg_rows else 0
         for k, (nt, bt) in enumerate(pairs):
             if arg_rows and k == n_inputs:
                 rows.extend(arg_rows)
                 arg_rows = []
-            t = nt or bt
             r = _row(nt, bt, api, na, ba, stack, summary)
             if nt is None or bt is None:
                 if na is None or ba is None:
@@ -375,7 +435,7 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
                     _code_path_row(r, msg, kind, why)
                 else:
                     side = "bench" if bt is None else "NPU"
-                    _unusable(r, f"no {side} tensor {t.slot} for this API (unpaired tensor)")
+                    _unusable(r, f"no {side} tensor {_either(nt, bt).slot} for this API (unpaired tensor)")
             elif tuple(nt.shape) != tuple(bt.shape):
                 _unusable(r, f"shape changed (Unmatched): NPU {list(nt.shape)} vs bench {list(bt.shape)}")
             elif dtype_class(nt.dtype) != dtype_class(bt.dtype):
@@ -387,7 +447,7 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
                 else:
                     _summary_row(r, nt, bt, rule, th)
             elif nt.data_file and bt.data_file:
-                tol = None
+                tol: _Tol = None
                 if rule == Rule.DTYPE:
                     rtol, atol = V.tolerance(nt.dtype, bt.dtype, th)
                     tol = (atol, rtol)
@@ -414,7 +474,7 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
         bar = Progress(0, "compare: tensors", enabled=None if len(jobs) >= BAR_MIN_APIS else False)
         tell = progress
         if bar.enabled:
-            def tell(msg: str, _p=progress) -> None:
+            def tell(msg: str, _p: Optional[Callable[[str], None]] = progress) -> None:
                 done, _, total = msg.split()[1].partition("/")
                 bar.total = int(total)
                 bar.update(int(done))
@@ -460,13 +520,13 @@ class _Row:
     def __init__(self, data: Dict[str, list], i: int) -> None:
         self.data, self.i = data, i
 
-    def __getitem__(self, key: str):
+    def __getitem__(self, key: str) -> Any:
         return self.data[key][self.i]
 
-    def __setitem__(self, key: str, value) -> None:
+    def __setitem__(self, key: str, value: Any) -> None:
         self.data[key][self.i] = value
 
-    def get(self, key: str, default=None):
+    def get(self, key: str, default: Any = None) -> Any:
         col = self.data.get(key)
         return default if col is None else col[self.i]
 
@@ -487,7 +547,7 @@ class _Columns:
     def append(self, r: dict) -> None:
         self.rows.append(self._get(r))
 
-    def extend(self, rs) -> None:
+    def extend(self, rs: Iterable[dict]) -> None:
         get, add = self._get, self.rows.append
         for r in rs:
             add(get(r))
@@ -503,7 +563,7 @@ class _Columns:
         return out
 
 
-def _unusable(r: dict, message: str) -> None:
+def _unusable(r: _Cells, message: str) -> None:
     """Mark a row whose data could not be used: it fails the verdict, whatever the thresholds."""
     r["Accuracy Reached or Not"] = "No"
     r["_passed"] = False
@@ -526,7 +586,7 @@ def _scalar_row(r: dict, nt: TensorRec, bt: TensorRec, rule: Rule, th: V.Thresho
     _fill_metrics(r, m, nt, bt, rule, th)
 
 
-def _fill_metrics(r: dict, m: M.PairMetrics, nt: TensorRec, bt: TensorRec, rule: Rule, th: V.Thresholds) -> None:
+def _fill_metrics(r: _Cells, m: M.PairMetrics, nt: TensorRec, bt: TensorRec, rule: Rule, th: V.Thresholds) -> None:
     r["Cosine"] = m.cosine
     r["MaxAbsErr"] = m.max_abs_err
     r["MaxRelativeErr"] = m.max_rel_err
@@ -560,7 +620,7 @@ def _summary_row(r: dict, nt: TensorRec, bt: TensorRec, rule: Rule, th: V.Thresh
     r["Err_message"] = "; ".join(msgs)
 
 
-def _four_floats(stats) -> bool:
+def _four_floats(stats: M.Stats) -> bool:
     return stats.__class__ is list and len(stats) == 4 and all(v.__class__ is float for v in stats)
 
 
@@ -600,7 +660,7 @@ def _summary_rows(data: Dict[str, list], deferred: list, rule: Rule, th: V.Thres
         nm[i] = m
 
 
-def _typed(values: list):
+def _typed(values: list) -> Union[list, np.ndarray]:
     """A column's values as the numpy array pandas would infer for them (float64, bool, int64)
     when they are all of one such Python type; else the list itself (pandas infers)."""
     if not values:
@@ -635,7 +695,7 @@ class _Lite:
         self.data_file, self.name, self.shape, self.dtype = data_file, name, shape, dtype
 
 
-def _job_spec(nt, bt, tol) -> tuple:
+def _job_spec(nt: TensorRec, bt: TensorRec, tol: _Tol) -> tuple:
     return (nt.data_file, nt.name, tuple(nt.shape), nt.dtype, bt.data_file, bt.name, tuple(bt.shape), bt.dtype, tol)
 
 
@@ -644,27 +704,31 @@ def _compare_specs(specs: List[tuple]) -> List[Tuple[Optional[M.PairMetrics], st
     return [_compare_job(_Lite(*s[0:4]), _Lite(*s[4:8]), s[8]) for s in specs]
 
 
-def _pair_bytes(nt, bt) -> int:
+def _pair_bytes(nt: TensorRec, bt: TensorRec) -> int:
     n = 1
     for d in nt.shape:
         n *= int(d)
     return 8 * n   # both sides, ~4 bytes each
 
 
-def _run_jobs(data: Dict[str, list], jobs, rule, th, problems, progress, workers) -> None:
+def _run_jobs(data: Dict[str, list], jobs: List[_Job], rule: Rule, th: V.Thresholds, problems: List[str],
+              progress: Optional[Callable[[str], None]], workers: int) -> None:
     """Compare the tensor pairs of ``jobs`` (``(row, nt, bt, tol)``) and fill their rows in the
     column lists ``data`` as the results arrive (none kept: a 160 000-pair compare would hold
     as many metrics objects); problems in row order, as the rows."""
-    def work(job):
+    def work(job: _Job) -> Tuple[Optional[M.PairMetrics], str]:
         _, nt, bt, tol = job
         return _compare_job(nt, bt, tol)
 
     # hard-linked copies of one tensor (the writer links unchanged tensors) are compared once
-    first_of, unique, owners = {}, [], []
+    first_of: Dict[tuple, int] = {}
+    unique: List[_Job] = []
+    owners: List[Union[int, List[int]]] = []   # the job, or the jobs, each unique pair stands for
     for j, job in enumerate(jobs):
         _, nt, bt, tol = job
-        key = (nt.data_file, bt.data_file) if not (nt.data_inode and bt.data_inode) else \
-            (nt.data_inode, bt.data_inode, os.path.dirname(nt.data_file), os.path.dirname(bt.data_file))
+        n_file, b_file = _path(nt), _path(bt)
+        key: tuple = (n_file, b_file) if not (nt.data_inode and bt.data_inode) else \
+            (nt.data_inode, bt.data_inode, os.path.dirname(n_file), os.path.dirname(b_file))
         key = key + (bt.dtype, tol, tuple(nt.shape), tuple(bt.shape), nt.dtype)
         u = first_of.get(key)
         if u is None:
@@ -686,7 +750,7 @@ def _run_jobs(data: Dict[str, list], jobs, rule, th, problems, progress, workers
             last[0] = k * 10 // max(total, 1)
             progress(f"compared {k}/{total} tensor pairs")
 
-    def apply(u: int, res) -> None:
+    def apply(u: int, res: Tuple[Optional[M.PairMetrics], str]) -> None:
         m, err = res
         o = owners[u]
         for j in ((o,) if isinstance(o, int) else o):

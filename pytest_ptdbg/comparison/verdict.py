@@ -45,7 +45,8 @@ from pytest_ptdbg.runtime.dtypes import FLOATS, short_name
 RULES = (Rule.PTDBG, Rule.DTYPE)
 
 #: assert_close's default (rtol, atol) by dtype (``runtime/dtypes.py``)
-_DEFAULT_TOL = {d: FLOATS[d].assert_close_tol for d in ("float64", "float32", "float16", "bfloat16")}
+_DEFAULT_TOL = {d: tol for d in ("float64", "float32", "float16", "bfloat16")
+                if (tol := FLOATS[d].assert_close_tol) is not None}
 
 
 @dataclass

@@ -9,11 +9,12 @@ tensors never needs them whole in memory (the metric kernels consume chunks).
 """
 from __future__ import annotations
 
+import io
 import math
 import os
 import re
 import stat
-from typing import Optional, Sequence
+from typing import IO, Any, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -48,7 +49,7 @@ def data_path(data_dir: str, key_or_file: str) -> str:
     return records.safe_data_path(data_dir, key)
 
 
-def open_regular(path: str, name: str = ""):
+def open_regular(path: str, name: str = "") -> io.BufferedReader:
     """Open a data file for binary reading only when it is a regular file.
 
     Opened non-blocking and checked with ``fstat``, so a FIFO in place of a file is refused at once
@@ -70,7 +71,8 @@ def open_regular(path: str, name: str = ""):
         raise
 
 
-def _check(path: str, name: str, shape: Sequence[int], kind: str, rec_shape, rec_dtype) -> None:
+def _check(path: str, name: str, shape: Sequence[int], kind: str, rec_shape: Optional[Sequence[int]],
+           rec_dtype: Optional[str]) -> None:
     if rec_shape is not None and tuple(int(s) for s in rec_shape) != tuple(shape):
         raise ValueError(
             f"{path}: shape {list(shape)} does not match record {name!r} shape {list(rec_shape)}"
@@ -86,7 +88,7 @@ _HEADER = re.compile(
     r"'shape': \((?P<shape>[\d, ]*)\), \}\s*$")
 
 
-def _read_header(f, path: str):
+def _read_header(f: IO[bytes], path: str) -> Tuple[Tuple[int, ...], bool, np.dtype]:
     """(shape, fortran_order, dtype) of an open ``.npy``; numpy's own parser for unusual headers."""
     head = f.read(12)
     if len(head) >= 10 and head[:6] == b"\x93NUMPY" and head[6] in (1, 2, 3):
@@ -115,9 +117,10 @@ class NpyStream:
     how many were read. Fortran-ordered files are loaded whole and served from memory.
     """
 
-    def __init__(self, path: str, name: str = "", rec_shape=None, rec_dtype: Optional[str] = None):
+    def __init__(self, path: str, name: str = "", rec_shape: Optional[Sequence[int]] = None,
+                 rec_dtype: Optional[str] = None) -> None:
         self.path = path
-        self._arr = None
+        self._arr: Optional[np.ndarray] = None   # the data, read at once (Fortran order)
         f = open_regular(path, name)
         try:
             shape, fortran, dtype = _read_header(f, path)
@@ -138,7 +141,7 @@ class NpyStream:
         except ValueError:
             f.close()
             raise
-        self._f = f
+        self._f: Optional[io.BufferedReader] = f
         self._pos = 0
         start = f.tell()
         end = os.fstat(f.fileno()).st_size
@@ -166,6 +169,7 @@ class NpyStream:
         if self._arr is not None:
             buf[:k] = self._arr[self._pos:self._pos + k]
         else:
+            assert self._f is not None, f"{self.path}: read after close"
             mv = buf[:k].data.cast("B")
             got = self._f.readinto(mv)
             if got != k * self.dtype.itemsize:
@@ -181,11 +185,11 @@ class NpyStream:
     def __enter__(self) -> "NpyStream":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
-def load_npy(path: str, name: str = "", rec_shape=None, rec_dtype: Optional[str] = None,
+def load_npy(path: str, name: str = "", rec_shape: Optional[Sequence[int]] = None, rec_dtype: Optional[str] = None,
              mmap: bool = False) -> np.ndarray:
     """Load a whole ``.npy`` safely (no pickle), optionally memory-mapped, checked against the record."""
     with NpyStream(path, name, rec_shape, rec_dtype):   # regular file, header and size checked first
@@ -198,7 +202,8 @@ def load_npy(path: str, name: str = "", rec_shape=None, rec_dtype: Optional[str]
     return arr
 
 
-def load_pt(path: str, name: str = "", rec_shape=None, rec_dtype: Optional[str] = None) -> np.ndarray:
+def load_pt(path: str, name: str = "", rec_shape: Optional[Sequence[int]] = None,
+            rec_dtype: Optional[str] = None) -> np.ndarray:
     """Load an msprobe ``.pt`` tensor (``torch.load(weights_only=True)``, torch imported here only)."""
     open_regular(path, name).close()
     import torch  # deferred: only msprobe tensor dumps need it

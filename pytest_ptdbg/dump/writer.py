@@ -30,7 +30,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -42,6 +42,9 @@ from pytest_ptdbg.dump.select import Selector, filtered_out
 from pytest_ptdbg.format import manifest, records
 from pytest_ptdbg.dump.stats import (BATCH_DTYPES, SHARED_CACHE, TensorStats, batch_stat_columns, dtype_name,
                                      scalar_stats, tensor_stats)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_ptdbg.runtime.config import DebugConfig
 
 __all__ = ["RankWriter", "AsyncRankWriter", "DumpSink", "save_npy", "replace_dir"]
 
@@ -821,7 +824,7 @@ class DumpSink(Sink):
     input), under the same rules as :class:`stats.StatsCache`, which receives the results.
     """
 
-    def __init__(self, config: Any, rank_dir: str) -> None:
+    def __init__(self, config: DebugConfig, rank_dir: str) -> None:
         self.config = config
         self.rank_dir = rank_dir
         self.with_stack = config.with_stack
@@ -982,7 +985,7 @@ class DumpSink(Sink):
             spec = None
         return spec
 
-    def _save(self, key: str, t: Any, link: bool) -> Optional[str]:
+    def _save(self, key: str, t: torch.Tensor, link: bool) -> Optional[str]:
         """Save ``t`` (a snapshot of it as it is now) as ``{key}.npy``; returns the file name or
         None. Sparse tensors are saved dense, quantized ones dequantized, inference tensors as a
         normal copy; meta and nested tensors have no file. ``link``: a file saved earlier for the
@@ -992,10 +995,10 @@ class DumpSink(Sink):
         if tt is not _Tensor and tt is not _Param and _no_storage(t):
             return None
         if t.layout is not _STRIDED or t.is_quantized or t.is_meta or t.is_nested or t.is_inference():
-            t = _saveable(t)
-            if t is None:
+            plain = _saveable(t)
+            if plain is None:
                 return None
-            link = False
+            t, link = plain, False
         return self.writer.save(key, t, link)
 
     # -- sink protocol -----------------------------------------------------------------------

@@ -177,7 +177,8 @@ def judge_completeness(pkl_path: str, complete_lines: int, ours: bool) -> Comple
         return Completeness("incomplete", f"{exc}; the dump's completeness cannot be established")
     if doc is None:
         if not ours:
-            return Completeness("unknown", f"{pkl_path}: no manifest (not written by pytest-ptdbg): completeness unknown")
+            return Completeness("unknown",
+                                f"{pkl_path}: no manifest (not written by pytest-ptdbg): completeness unknown")
         return Completeness(
             "incomplete",
             f"{pkl_path}: no manifest {os.path.basename(manifest_path(pkl_path))}: the dump was not closed "

@@ -10,10 +10,11 @@ For one output tensor of one call, replayed from the device's recorded inputs:
   s_in × √n) (none when the reference reproduces the oracle exactly and the result only selects
   values of its inputs, ``rounds`` False: getitem, cat, relu, an exact cast give it exactly; a
   sum whose reference happens to be exact, such as a bias gradient of bf16-valued gradients, is
-  still rounded by a kernel that adds in another order, ``rounds`` True), where u is the unit roundoff of the compute dtype and
-  s_in the smallest RMS among the call's floating inputs (a correct kernel's result is never more exact than one rounding at the
-  scale of what it was computed from: a mathematically-zero bias gradient of ~1e-11 is judged
-  against its inputs' scale, not by its relative error; ``finfo.min`` mask values are not data).
+  still rounded by a kernel that adds in another order, ``rounds`` True), where u is the unit roundoff
+  of the compute dtype and s_in the smallest RMS among the call's floating inputs (a correct kernel's
+  result is never more exact than one rounding at the scale of what it was computed from: a
+  mathematically-zero bias gradient of ~1e-11 is judged against its inputs' scale, not by its
+  relative error; ``finfo.min`` mask values are not data).
 * the call is a root cause for this output when own error > budget, or when the device has NaN/Inf
   that neither the reference nor the oracle has at the same places (``masked_fill(-inf)`` and
   causal masks produce them in every replay too).
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -215,7 +216,8 @@ def selects_inputs(result: np.ndarray, inputs: Sequence[np.ndarray], numbers: Se
     return bool(np.isin(r, np.concatenate(pool)).all())
 
 
-def finite_norms(device: np.ndarray, oracle: np.ndarray, reference: np.ndarray):
+def finite_norms(device: np.ndarray, oracle: np.ndarray,
+                 reference: np.ndarray) -> Optional[Tuple[float, float, float, int]]:
     """``(‖device − oracle‖₂, ‖reference − oracle‖₂, ‖oracle‖₂, n)`` when every element of the
     three is finite (finite squared norms say so: a NaN/Inf makes its sum NaN/Inf), else None.
     Differences are taken in float64 straight from the arrays' own dtypes (the same numbers as

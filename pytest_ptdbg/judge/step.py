@@ -276,7 +276,7 @@ def _inputs_differ(t: CompareTable) -> Optional[tuple]:
 ZERO_FLOOR = 1.0
 
 
-def _numel(shape: Any) -> float:
+def _numel(shape: object) -> float:
     try:
         return float(np.prod([int(x) for x in shape])) if isinstance(shape, (list, tuple)) else math.nan
     except (TypeError, ValueError):
@@ -308,7 +308,7 @@ def _zero_tensors_at_data_scale(t: CompareTable, err: np.ndarray, rel: np.ndarra
             if np.isfinite(rng[i]) and rng[i] > 0:
                 scale_rng[apis[i]] = max(scale_rng.get(apis[i], 0.0), float(rng[i]))
     out = err.copy()
-    for i in np.flatnonzero(zero):
+    for i in np.flatnonzero(zero).tolist():
         if not np.isnan(rel[i]) and np.isfinite(numel[i]) and numel[i] > 0:
             diff_l2 = float(rel[i]) * float(b_l2[i]) if np.isfinite(rel[i]) and b_l2[i] > 0 else float(n_l2[i])
             floor = scale_rms.get(apis[i], ZERO_FLOOR) * math.sqrt(numel[i])
@@ -391,8 +391,8 @@ def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = 
     for i in range(n):
         if not paired[i]:
             continue
-        v = per.setdefault(apis[i], dict(ins=[], outs=[], nan_in=False, nan_out=False, unknown=False,
-                                         u=_unit("torch.float32"), row=i))
+        v = per.setdefault(apis[i], {"ins": [], "outs": [], "nan_in": False, "nan_out": False, "unknown": False,
+                                     "u": _unit("torch.float32"), "row": i})
         v["u"] = max([v["u"]] + [_unit(d) for d in dts[i].split("|") if "float" in d])
         if io[i] == S.OUTPUT:
             v["outs"].append(i)

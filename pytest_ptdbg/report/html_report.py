@@ -26,7 +26,8 @@ _CSS = """
 *{box-sizing:border-box}
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);margin:0;background:#fff}
 main{max-width:1240px;margin:0 auto;padding:20px 28px 48px}
-h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 10px;border-bottom:1px solid var(--line);padding-bottom:4px}
+h1{font-size:22px;margin:0 0 4px}
+h2{font-size:17px;margin:28px 0 10px;border-bottom:1px solid var(--line);padding-bottom:4px}
 .muted{color:var(--muted)} .small{font-size:12px}
 .banner{border-radius:8px;padding:12px 16px;margin:14px 0;font-size:15px}
 .banner.bad{background:#fef2f2;border:1px solid #fecaca;color:#7f1d1d}
@@ -34,12 +35,15 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 10px;border-bo
 .chips{display:flex;flex-wrap:wrap;gap:8px;margin:8px 0 4px}
 .chip{background:var(--card);border:1px solid var(--line);border-radius:999px;padding:3px 11px;font-size:13px}
 .chip b{font-variant-numeric:tabular-nums}
-.card{border:1px solid var(--line);border-left:5px solid #94a3b8;border-radius:8px;padding:12px 16px;margin:10px 0;background:#fff}
+.card{border:1px solid var(--line);border-left:5px solid #94a3b8;border-radius:8px;padding:12px 16px;margin:10px 0;
+  background:#fff}
 .card.own{border-left-color:#dc2626} .card.nonfinite{border-left-color:#7f1d1d}
 .card.unpaired{border-left-color:#d97706} .card.inherited{border-left-color:#94a3b8}
 .card.inputs{border-left-color:#2563eb} .b-inputs{background:#dbeafe;color:#1e40af}
-.card h3{margin:0 0 6px;font-size:15px;font-family:ui-monospace,SFMono-Regular,Menlo,monospace;word-break:break-all}
-.badge{display:inline-block;font:600 11px system-ui,sans-serif;text-transform:uppercase;letter-spacing:.03em;border-radius:4px;padding:1px 6px;margin-left:6px;vertical-align:2px}
+.card h3{margin:0 0 6px;font-size:15px;font-family:ui-monospace,SFMono-Regular,Menlo,monospace;
+  word-break:break-all}
+.badge{display:inline-block;font:600 11px system-ui,sans-serif;text-transform:uppercase;letter-spacing:.03em;
+  border-radius:4px;padding:1px 6px;margin-left:6px;vertical-align:2px}
 .b-own{background:#fee2e2;color:#991b1b} .b-nonfinite{background:#7f1d1d;color:#fff}
 .b-unpaired{background:#fef3c7;color:#92400e} .b-inherited{background:#e2e8f0;color:#334155}
 .b-origin{background:#fee2e2;color:#991b1b} .b-latent{background:#fee2e2;color:#991b1b}
@@ -49,13 +53,15 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 10px;border-bo
 .facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:6px 0}
 .facts dt{color:var(--muted)} .facts dd{margin:0}
 .mono,code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12.5px}
-pre{background:var(--card);border:1px solid var(--line);border-radius:6px;padding:8px 10px;overflow-x:auto;margin:6px 0 0}
+pre{background:var(--card);border:1px solid var(--line);border-radius:6px;padding:8px 10px;overflow-x:auto;
+  margin:6px 0 0}
 details summary{cursor:pointer;color:#1d4ed8;margin-top:6px}
 .advice{margin:8px 0 0;padding:8px 12px;background:#fffbeb;border-radius:6px;border:1px solid #fde68a}
 table.rows{border-collapse:collapse;width:100%;font-size:12.5px}
 table.rows th,table.rows td{border-bottom:1px solid var(--line);padding:4px 6px;text-align:left;vertical-align:top}
 table.rows th{background:var(--card);position:sticky;top:0}
-table.rows td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums;font-family:ui-monospace,monospace}
+table.rows td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums;
+  font-family:ui-monospace,monospace}
 table.rows td.name{font-family:ui-monospace,monospace;word-break:break-all}
 .plot{display:block;margin:6px 0 14px;border:1px solid var(--line);border-radius:8px;background:#fff}
 .plot .grid{stroke:#eef2f7} .plot .tick{font-size:11px;fill:#64748b}
@@ -209,8 +215,8 @@ def _failing_rows(table: pd.DataFrame) -> str:
         return '<p class="muted">No row fails.</p>'
     metric = schema.SUMMARY_DIFF_COLUMNS if t.summary else schema.METRIC_COLUMNS
     cols = [schema.NPU_NAME, schema.BENCH_NAME] + metric + [schema.ERR_MESSAGE]
-    head = "".join(f"<th>{escape(c)}{' (pass fraction)' if c in (schema.ONE_THOUSANDTH, schema.FIVE_THOUSANDTHS) else ''}</th>"
-                   for c in ["line"] + cols)
+    fractions = (schema.ONE_THOUSANDTH, schema.FIVE_THOUSANDTHS)
+    head = "".join(f"<th>{escape(c)}{' (pass fraction)' if c in fractions else ''}</th>" for c in ["line"] + cols)
     cells_of = {c: t.objects(c) for c in cols}
     body = []
     for i in bad[:MAX_FAILING_ROWS]:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any, List
+from typing import TYPE_CHECKING, List
 from pytest_ptdbg.errors import DeviceUnavailable
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 __all__ = ["DeviceUnavailable", "available_devices", "has_npu", "resolve_device", "seed_devices"]
 
@@ -39,7 +42,7 @@ def seed_devices(seed: int) -> None:
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
     if has_npu():  # pragma: no cover - needs torch_npu
-        torch.npu.manual_seed_all(seed)
+        torch.npu.manual_seed_all(seed)  # type: ignore[attr-defined]  # torch_npu adds torch.npu
 
 
 
@@ -76,7 +79,7 @@ def _check_index(kind: str, index: int, count: int) -> None:
         raise DeviceUnavailable(f"{kind}:{index} requested but only {count} {kind} device(s) exist")
 
 
-def resolve_device(name: str) -> Any:
+def resolve_device(name: str) -> torch.device:
     """``name`` (auto, cpu, cuda, cuda:1, npu, npu:0) -> ``torch.device``; raises DeviceUnavailable."""
     import torch
 
@@ -103,6 +106,6 @@ def resolve_device(name: str) -> Any:
         problem = _npu_problem()
         if problem:
             raise DeviceUnavailable(f"device {name!r} requested but {problem}")
-        _check_index("npu", index, torch.npu.device_count())
+        _check_index("npu", index, torch.npu.device_count())  # type: ignore[attr-defined]  # from torch_npu
         return torch.device("npu", index)
     raise DeviceUnavailable(f"unknown device {name!r}: expected auto, cpu, cuda[:i] or npu[:i]")

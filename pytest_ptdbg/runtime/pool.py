@@ -25,7 +25,7 @@ import struct
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 __all__ = ["run_parallel", "map_unordered", "chunk_ranges", "default_workers", "in_worker", "LAST_RUN"]
 
@@ -105,7 +105,8 @@ def run_parallel(func: Callable[[Any], Any], items: Sequence[Any], workers: int,
             with lock:
                 held.pop(i, None)
 
-    threads = [threading.Thread(target=_drive, args=(p, w, mod, name, items, take, report), daemon=True,
+    ready: Set[int] = set()   # the workers that said they run this copy of the package
+    threads = [threading.Thread(target=_drive, args=(p, w, mod, name, items, take, report, ready), daemon=True,
                                 name="ptdbg-pool") for w, p in enumerate(procs)]
     yielded = bytearray(n)
     count = 0
@@ -146,7 +147,7 @@ def run_parallel(func: Callable[[Any], Any], items: Sequence[Any], workers: int,
             state["stop"] = True
             busy = set(held.values())
         for w, p in enumerate(procs):
-            if w in busy or not getattr(p, "ptdbg_ready", False):
+            if w in busy or w not in ready:
                 _kill(p)
         LAST_RUN.clear()   # after any nested run of the items computed here
         LAST_RUN.update(stats)
@@ -193,7 +194,7 @@ def _here(func: Callable[[Any], Any], item: Any) -> Any:
 
 
 def _command() -> List[str]:
-    flags = getattr(subprocess, "_args_from_interpreter_flags", lambda: [])()
+    flags: List[str] = getattr(subprocess, "_args_from_interpreter_flags", list)()
     return [sys.executable] + flags + ["-c", _BOOT, _ROOT]
 
 
@@ -221,7 +222,8 @@ def _kill(p: subprocess.Popen) -> None:
 def _close(p: subprocess.Popen) -> None:
     """End a worker (from its thread): EOF on its stdin, killed if not gone after 5 s, reaped."""
     try:
-        p.stdin.close()
+        if p.stdin is not None:   # a pipe (_start)
+            p.stdin.close()
     except OSError:
         pass
     try:
@@ -230,14 +232,16 @@ def _close(p: subprocess.Popen) -> None:
         _kill(p)
         p.wait()
     try:
-        p.stdout.close()
+        if p.stdout is not None:   # a pipe (_start)
+            p.stdout.close()
     except OSError:
         pass
 
 
 def _drive(p: subprocess.Popen, worker: int, mod: str, name: str, items: Sequence[Any],
-           take: Callable[[Optional[int]], Optional[int]], report: Callable[..., None]) -> None:
-    """Feed one worker items until none are left or it fails; report each item it took."""
+           take: Callable[[Optional[int]], Optional[int]], report: Callable[..., None], ready: Set[int]) -> None:
+    """Feed one worker items until none are left or it fails; report each item it took. ``worker``
+    is added to ``ready`` once the process said it runs this copy of the package."""
     i = None
 
     def give(kind: str, value: Any = None) -> None:
@@ -253,7 +257,7 @@ def _drive(p: subprocess.Popen, worker: int, mod: str, name: str, items: Sequenc
         if hello != ("ready", _PKG_FILE):   # dead, hung, another interpreter or copy of the package
             _kill(p)
             return
-        p.ptdbg_ready = True
+        ready.add(worker)
         while True:
             i = take(worker)
             if i is None:

@@ -32,7 +32,7 @@ def is_missing(x: Any) -> bool:
 def fmt_error(x: Optional[float]) -> str:
     """An error for people: ``1.23e-04``, ``0``, ``NaN/Inf`` (infinite: NaN/Inf positions differ),
     ``n/a`` (unknown)."""
-    if is_missing(x):
+    if x is None or is_missing(x):
         return "n/a"
     if math.isinf(x):
         return "NaN/Inf"
@@ -48,7 +48,7 @@ def fmt_growth(g: Optional[float], carried_nonfinite: bool = False) -> str:
     """
     if carried_nonfinite:
         return "carries NaN/Inf"
-    if is_missing(g):
+    if g is None or is_missing(g):
         return "n/a"
     if math.isinf(g):
         return "new NaN/Inf"
