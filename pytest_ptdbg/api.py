@@ -422,7 +422,7 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
             rank = out.rank
             if out.state is RankState.OUTPUT_ERROR:
                 raise outputs.OutputError(out.error)
-            if out.state is RankState.OK:
+            if out.state is RankState.OK and out.result is not None:
                 results[(rank, rank)] = out.result
                 state = "agrees" if out.result.passed else "diverges"
             else:
@@ -432,14 +432,15 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
             bar.update(k, f"rank{rank} {state}")
     results = dict(sorted(results.items()))
     diverging = [k for k, r in results.items() if not r.passed]
-    first, first_order = None, None
-    for k in (diverging or list(results)):
-        s = results[k].first_suspect
+    first: Optional[Tuple[int, int]] = None
+    first_order = None
+    for key in (diverging or list(results)):
+        s = results[key].first_suspect
         if s is None:
             continue
         order = getattr(s, "order", 0)
         if first_order is None or order < first_order:
-            first, first_order = k, order
+            first, first_order = key, order
     lines = [f"compare_distributed: {len(ranks)} rank(s): NPU {sorted(npu_ranks)} ({npu_step_dir}), "
              f"bench {sorted(bench_ranks)} ({bench_step_dir})"]
     for (a, b), r in results.items():

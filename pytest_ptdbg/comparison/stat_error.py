@@ -9,6 +9,7 @@ differing input, and ``assert_precision``'s "would have passed with" tolerance a
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["value_range", "largest_difference", "range_scaled"]
 
@@ -32,7 +33,7 @@ def largest_difference(dmax: np.ndarray, dmin: np.ndarray, dmean: np.ndarray) ->
 
 
 @np.errstate(invalid="ignore", divide="ignore")
-def range_scaled(diff: np.ndarray, scale: np.ndarray, *, when_zero: float = 1.0) -> np.ndarray:
+def range_scaled(diff: ArrayLike, scale: ArrayLike, *, when_zero: float = 1.0) -> np.ndarray:
     """``diff / scale`` where ``scale > 0``; where it is not (a zero tensor, an unknown scale):
     ``when_zero`` for a positive difference, 0 for none. ``diff`` is non-negative (an absolute
     difference); a NaN difference gives NaN over a positive scale and 0 over none (callers mask

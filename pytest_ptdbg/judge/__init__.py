@@ -31,7 +31,7 @@ _EXPORTS = {
     "StepJudgement": "pytest_ptdbg.judge.step",
 }
 
-__all__ = ["NotReplayable", "ReplayRefused", *sorted(_EXPORTS)]
+__all__ = ["NotReplayable", "ReplayRefused", *sorted(_EXPORTS)]  # noqa: PLE0604 - the lazy names, all strings
 
 
 def __getattr__(name: str) -> Any:

@@ -144,7 +144,7 @@ def _follow(start: Any, after: int, low: str, hi_value: np.ndarray, hi_dtype: st
                 return consumer.key, higher[0]  # the lowered values computed on in a higher precision
             sp = NJ.special_of(consumer.family)
             if sp is not None and sp.treatment == NJ.Treatment.DROPOUT:
-                lowered = [torch.float32]  # dropout follows its input's dtype: followed through
+                lowered: Optional[List[Any]] = [torch.float32]  # dropout follows its input's dtype: followed through
             else:
                 lowered = _replay_upcast(consumer, slot, value, vdt, low, dev, store)
             if lowered is None or all(d in (torch.bfloat16, torch.float16) for d in lowered):

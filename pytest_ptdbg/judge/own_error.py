@@ -26,10 +26,11 @@ differ are also listed on the verdict (``changed_args``).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -97,7 +98,7 @@ def _skip(x: Any) -> bool:
     return isinstance(x, dict) and len(x) == 1 and next(iter(x)) in ("t", "dtype")
 
 
-def _follows(x: Any, y: Any, seen: Optional[Sequence[str]]) -> bool:
+def _follows(x: Any, y: Any, seen: Optional[Collection[str]]) -> bool:
     """A ``finfo`` number of the device's precision against the bench's (not a change)."""
     from pytest_ptdbg.replayer.arguments import follows_precision
 
@@ -116,7 +117,8 @@ def _dtypes_of(spec: Mapping[str, Any]) -> List[Tuple[str, str]]:
     return out
 
 
-def lowered_precision(device_spec: Mapping[str, Any], bench_spec: Mapping[str, Any], seen: Sequence[str]) -> List[str]:
+def lowered_precision(device_spec: Mapping[str, Any], bench_spec: Mapping[str, Any],
+                      seen: Collection[str]) -> List[str]:
     """Dtype arguments that make the device's call compute in a lower precision than the bench's,
     given on the device's side only (``mean(x, dtype=torch.bfloat16)`` against ``mean(x)``), or in
     a precision none of the device's earlier calls produced (``seen``): ``"dtype: torch.float16
@@ -128,7 +130,7 @@ def lowered_precision(device_spec: Mapping[str, Any], bench_spec: Mapping[str, A
         other = bench.get(where)
         if other is None:
             other = "torch.float32" if where not in bench else other
-        if not _is_float(dt) or B.unit_roundoff(dt) <= B.unit_roundoff(other):
+        if not _is_float(dt) or B.unit_roundoff(dt) <= B.unit_roundoff(str(other)):
             continue
         if where not in bench:  # a line of code that asks for it: a change, whatever came before
             out.append(f"{where}: {dt} vs not given (a lower precision asked for on one side only)")
@@ -138,7 +140,7 @@ def lowered_precision(device_spec: Mapping[str, Any], bench_spec: Mapping[str, A
 
 
 def changed_arguments(device_spec: Mapping[str, Any], bench_spec: Mapping[str, Any],
-                      seen: Optional[Sequence[str]] = None) -> List[str]:
+                      seen: Optional[Collection[str]] = None) -> List[str]:
     """Non-tensor arguments that differ between two call specs of one API: ``"eps: 1e-05 vs 0.001"``.
 
     Compared as recorded: the same position or keyword with other values, or a keyword given on
@@ -359,6 +361,7 @@ def _from_checks(rec: reader.ApiRec, checks: List[B.OutputCheck], compute: str, 
     if not checks:
         return _verdict(rec, Status.NOT_JUDGED, "no recorded output to compare", **kw)
     w = B.worst(checks)
+    assert w is not None  # checks is not empty
     over = w.ratio > 1.0
     rel_budget = w.budget / w.scale if w.scale > 0 else math.nan
     reason = w.note or ("over budget" if over else "")
@@ -395,7 +398,7 @@ def _dropout(call: _Call, spec: dict, special: NJ.Special, fwd: reader.ApiRec,
 _OOM_TEXT = ("can't allocate memory", "not enough memory", "out of memory", "Cannot allocate memory")
 
 
-def out_of_memory(exc: BaseException) -> bool:
+def out_of_memory(exc: Optional[BaseException]) -> bool:
     """Whether ``exc`` (or an exception it was raised from) is a failed allocation: numpy's
     MemoryError, torch's OutOfMemoryError, or torch's allocator's RuntimeError."""
     seen = 0
@@ -409,7 +412,7 @@ def out_of_memory(exc: BaseException) -> bool:
 
 
 def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
-                dev: Any, factor: float, seen: Sequence[str] = (),
+                dev: Any, factor: float, seen: Collection[str] = (),
                 store: Optional[ArrayStore] = None) -> List[CallVerdict]:
     """The verdicts of one call (forward, and backward when recorded); never raises for the call.
     ``passes_through`` comes from the recorded data alone, so it is set even when not replayed."""
@@ -457,7 +460,7 @@ def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Opt
 
 
 def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
-                 dev: Any, factor: float, seen: Sequence[str] = ()) -> List[CallVerdict]:
+                 dev: Any, factor: float, seen: Collection[str] = ()) -> List[CallVerdict]:
     from pytest_ptdbg.replayer.allocation import guard_arrays
     from pytest_ptdbg.replayer.engine import resolve_api
 
@@ -484,13 +487,14 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     # the bench's arguments, when the pairing matched this call to the same API with the same tensors
     use, changed, lowered, from_bench = spec, [], [], False
     bspec = _call_spec(bench_fwd)
-    if bspec is not None and bench_fwd.family == fwd.family and set(_tensor_refs(bspec)) <= set(call.arrays):
+    if (bspec is not None and bench_fwd is not None and bench_fwd.family == fwd.family
+            and set(_tensor_refs(bspec)) <= set(call.arrays)):
         from pytest_ptdbg.replayer.arguments import with_own_precision
 
         lowered = lowered_precision(spec, bspec, seen)
         changed = changed_arguments(spec, bspec, seen) + lowered
         use, from_bench = with_own_precision(spec, bspec, seen), True
-    extra = dict(bench_arguments=from_bench, changed_args=changed, lowered_precision=lowered)
+    extra = {"bench_arguments": from_bench, "changed_args": changed, "lowered_precision": lowered}
     if special is not None and special.treatment == NJ.Treatment.DUPLICATES:
         dim = NJ.dim_arg(special, spec)
         idx = [call.arrays[k] for k in needed if call.arrays[k].dtype.kind in "iu"]
@@ -530,13 +534,14 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
                 norms = B.finite_norms(d, o, r)
                 if norms is None:  # NaN/Inf somewhere: the element-wise check, with the exact input RMS
                     res.append(B.check_output(k, d, o, r, dt, _input_rms(call, rms_from), factor,
-                                              rounds=lambda: _rounds(call, o, r, d, rms_from, use)))
+                                              rounds=functools.partial(_rounds, call, o, r, d, rms_from, use)))
                     continue
                 own, rerr, scale, n = norms
                 # an exact reference is no licence for a budget of 0 unless the result is selected
                 rounds = rerr == 0 and own > 0 and _rounds(call, o, r, d, rms_from, use)
 
-                def decided(bound: Optional[float]) -> bool:
+                def decided(bound: Optional[float], rerr: float = rerr, scale: float = scale, n: int = n,
+                            dt: str = dt, rounds: bool = rounds) -> bool:
                     return B.input_rms_decided(bound, rerr, scale, n, dt, factor, rounds=rounds)
 
                 res.append(B.judged(k, own, rerr, scale, n, dt, _input_rms(call, rms_from, decided), factor,

@@ -232,7 +232,6 @@ class PtdbgDump:
         bench_device = self._device(settings.bench, "bench")
         call = self._calls
         self._calls += 1
-        nodeid = self._node.nodeid
         use_golden = (settings.golden != plugin_options.GOLDEN_OFF and settings.dtype == "float32"
                       and _same_device(device, bench_device))
         out = self._test_dir(call)

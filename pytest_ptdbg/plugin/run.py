@@ -154,11 +154,12 @@ def health_problems(device: Dict[str, Any], bench: Optional[Dict[str, Any]],
 def preserved_rng(devices: List[Any]) -> Iterator[None]:
     """Restore python, numpy and torch RNG states (CPU and the given CUDA devices) afterwards."""
     py_state = random.getstate()
+    np_state: Any = None
     try:
         import numpy as np
         np_state = np.random.get_state()
     except Exception:  # pragma: no cover - numpy is a dependency
-        np, np_state = None, None
+        pass
     cuda = sorted({d.index or 0 for d in devices if d.type == "cuda"})
     det = torch.are_deterministic_algorithms_enabled()
     hashseed = os.environ.get("PYTHONHASHSEED")
@@ -169,11 +170,11 @@ def preserved_rng(devices: List[Any]) -> Iterator[None]:
             yield
     finally:
         random.setstate(py_state)
-        if np is not None:
+        if np_state is not None:
             np.random.set_state(np_state)
         if torch.are_deterministic_algorithms_enabled() != det:
             torch.use_deterministic_algorithms(det)
-        if cudnn_flags is not None:
+        if cudnn is not None and cudnn_flags is not None:
             cudnn.deterministic, cudnn.benchmark = cudnn_flags
         if hashseed is None:
             os.environ.pop("PYTHONHASHSEED", None)

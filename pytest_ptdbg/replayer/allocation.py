@@ -65,7 +65,7 @@ def budget_of(recorded: Iterable[Sequence[int]]) -> int:
     return MARGIN * sum(_numel(s) for s in recorded) + FLOOR
 
 
-def _numel(shape: Sequence[int]) -> int:
+def _numel(shape: Iterable[int]) -> int:
     return math.prod(int(s) for s in shape)
 
 
@@ -244,7 +244,7 @@ def _foreach_bound(args: Sequence[Any], shapes: Mapping[str, Tuple[int, ...]]) -
         return v["t"] if isinstance(v, Mapping) and len(v) == 1 and v.get("t") in shapes else None
 
     lists = [[ref(x) for x in a] for a in args if isinstance(a, list) and a and all(ref(x) for x in a)]
-    single = [shapes[ref(a)] for a in args if ref(a)]
+    single = [shapes[k] for k in (ref(a) for a in args) if k]
     if not lists or len({len(x) for x in lists}) != 1:
         return None
     try:

@@ -6,6 +6,7 @@ from typing import Optional
 import numpy as np
 
 from pytest_ptdbg.comparison import metrics, verdict
+from pytest_ptdbg.comparison.rule import Rule
 
 
 def pair_metrics(saved: np.ndarray, replayed: np.ndarray, saved_dtype: str, replay_dtype: str,
@@ -19,7 +20,7 @@ def pair_metrics(saved: np.ndarray, replayed: np.ndarray, saved_dtype: str, repl
     rule = rule or "ptdbg"
     rtol, atol = verdict.tolerance(saved_dtype, replay_dtype)
     m = metrics.compare_arrays(saved, replayed, eps=metrics.dtype_eps(replay_dtype), tol=(atol, rtol))
-    v = verdict.full_verdict(m, saved_dtype, replay_dtype, rule=rule)
-    return dict(cosine=m.cosine, max_abs_err=m.max_abs_err, max_rel_err=m.max_rel_err,
-                one_thousandth=m.one_thousandth, five_thousandths=m.five_thousandths,
-                rel_l2=m.rel_l2, passed=v != "No", message=m.message)
+    v = verdict.full_verdict(m, saved_dtype, replay_dtype, rule=Rule(rule))
+    return {"cosine": m.cosine, "max_abs_err": m.max_abs_err, "max_rel_err": m.max_rel_err,
+            "one_thousandth": m.one_thousandth, "five_thousandths": m.five_thousandths,
+            "rel_l2": m.rel_l2, "passed": v != "No", "message": m.message}

@@ -137,7 +137,7 @@ def kernel_dump(acl: AclConfig, device: str) -> Iterator[bool]:
         yield False
         return
     try:
-        import torch_npu  # type: ignore[import-not-found]
+        import torch_npu  # noqa: F401
     except ImportError:  # pragma: no cover - an npu device implies torch_npu
         yield False
         return
