@@ -5,11 +5,11 @@ function. Each side's arguments come from its call spec (``extra["call"]`` on th
 forward record, docs/DESIGN.md; msprobe's ``input_args``/``input_kwargs`` are read into the same
 form by ``dump/reader.py``) and are normalised before they are compared:
 
-- positional arguments are named by the API's signature (:data:`SIGNATURES`, a hand-written table
-  of the common training-step APIs; for an API not in it, ``inspect.signature`` of the function
-  when torch is already imported in this process: this module never imports torch), and
-  parameters a side omitted get the signature's default, so an omitted ``eps`` equals ``1e-05``;
-  an API whose signature is unknown names its positional arguments ``arg1``, ``arg2``, ...;
+- positional and keyword arguments are bound to the API's signature, read from torch itself
+  (``runtime/operations.py``: the Python signature of ``torch.nn.functional``'s functions, the
+  aten schema's overloads otherwise), and parameters a side omitted get the signature's default,
+  so an omitted ``eps`` equals ``1e-05`` and ``weight`` passed by keyword equals ``weight`` passed
+  by position; an API whose signature is unknown names its positional arguments ``arg1``, ``arg2``, ...;
 - dimensions (``dim``, ``dim0``, ``dims``, ``start_dim`` ...) that are negative are taken modulo the
   rank of the call's first input tensor (its rank + 1 for ``unsqueeze``/``stack``), so ``-1`` on a
   3-d input equals ``2``;
@@ -33,20 +33,18 @@ side only and no default known).
 """
 from __future__ import annotations
 
-import ast
-import inspect
 import json
 import math
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from pytest_ptdbg.dump.reader import ApiRec, TensorRec
 
+from pytest_ptdbg.runtime import operations as O
 from pytest_ptdbg.runtime.dtypes import FLOATS, STEP_FLOATS
 
-__all__ = ["ArgLeaf", "MISSING", "IGNORED", "IGNORED_WHY", "SIGNATURES", "FLOAT_RTOL", "call_spec", "compare_arguments",
+__all__ = ["ArgLeaf", "MISSING", "IGNORED", "IGNORED_WHY", "FLOAT_RTOL", "call_spec", "compare_arguments",
            "format_value", "is_scalar_record", "signature"]
 
 #: the one list of parameters that never change the numbers a call computes, each with why; neither
@@ -70,151 +68,15 @@ _RANK_PLUS_ONE = frozenset({"unsqueeze", "unsqueeze_", "stack"})
 #: relative difference below which two numbers are the same argument
 FLOAT_RTOL = 1e-3
 
-_NO_DEFAULT = object()
-
-#: ``name: "param, param=default, *rest"``: the Python signature of ``torch.{name}`` /
-#: ``Tensor.{name}`` (self is the first parameter); ``F.name`` for ``torch.nn.functional.{name}``
-#: where it differs. Defaults are Python literals (read with ``ast.literal_eval``).
-SIGNATURES: Dict[str, str] = {
-    "softmax": "input, dim=None, dtype=None",
-    "log_softmax": "input, dim=None, dtype=None",
-    "F.softmax": "input, dim=None, _stacklevel=3, dtype=None",
-    "F.log_softmax": "input, dim=None, _stacklevel=3, dtype=None",
-    "F.softmin": "input, dim=None, _stacklevel=3, dtype=None",
-    "layer_norm": "input, normalized_shape, weight=None, bias=None, eps=1e-05, cudnn_enable=True",
-    "F.layer_norm": "input, normalized_shape, weight=None, bias=None, eps=1e-05",
-    "rms_norm": "input, normalized_shape, weight=None, eps=None",
-    "group_norm": "input, num_groups, weight=None, bias=None, eps=1e-05",
-    "F.batch_norm": "input, running_mean, running_var, weight=None, bias=None, training=False, "
-                    "momentum=0.1, eps=1e-05",
-    "F.instance_norm": "input, running_mean=None, running_var=None, weight=None, bias=None, "
-                       "use_input_stats=True, momentum=0.1, eps=1e-05",
-    "F.normalize": "input, p=2.0, dim=1, eps=1e-12, out=None",
-    "gelu": "input, approximate='none'",
-    "F.leaky_relu": "input, negative_slope=0.01, inplace=False",
-    "F.elu": "input, alpha=1.0, inplace=False",
-    "F.relu": "input, inplace=False",
-    "F.silu": "input, inplace=False",
-    "F.hardtanh": "input, min_val=-1.0, max_val=1.0, inplace=False",
-    "F.softplus": "input, beta=1.0, threshold=20.0",
-    "F.dropout": "input, p=0.5, training=True, inplace=False",
-    "dropout": "input, p, train",
-    "linear": "input, weight, bias=None",
-    "conv1d": "input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1",
-    "conv2d": "input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1",
-    "conv3d": "input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1",
-    "F.embedding": "input, weight, padding_idx=None, max_norm=None, norm_type=2.0, "
-                   "scale_grad_by_freq=False, sparse=False",
-    "F.cross_entropy": "input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, "
-                       "reduction='mean', label_smoothing=0.0",
-    "F.nll_loss": "input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, "
-                  "reduction='mean'",
-    "F.mse_loss": "input, target, size_average=None, reduce=None, reduction='mean', weight=None",
-    "F.l1_loss": "input, target, size_average=None, reduce=None, reduction='mean'",
-    "F.scaled_dot_product_attention": "query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, "
-                                      "scale=None, enable_gqa=False",
-    "sum": "input, dim=None, keepdim=False, dtype=None",
-    "mean": "input, dim=None, keepdim=False, dtype=None",
-    "logsumexp": "input, dim, keepdim=False",
-    "cumsum": "input, dim, dtype=None",
-    "argmax": "input, dim=None, keepdim=False",
-    "argmin": "input, dim=None, keepdim=False",
-    "norm": "input, p='fro', dim=None, keepdim=False, dtype=None",
-    "add": "input, other, alpha=1",
-    "sub": "input, other, alpha=1",
-    "mul": "input, other",
-    "div": "input, other, rounding_mode=None",
-    "addcdiv": "input, tensor1, tensor2, value=1",
-    "addcmul": "input, tensor1, tensor2, value=1",
-    "addmm": "input, mat1, mat2, beta=1, alpha=1",
-    "baddbmm": "input, batch1, batch2, beta=1, alpha=1",
-    "lerp": "input, end, weight",
-    "clamp": "input, min=None, max=None",
-    "pow": "input, exponent",
-    "masked_fill": "input, mask, value",
-    "matmul": "input, other",
-    "mm": "input, mat2",
-    "bmm": "input, mat2",
-    "cat": "tensors, dim=0",
-    "concat": "tensors, dim=0",
-    "stack": "tensors, dim=0",
-    "split": "input, split_size_or_sections, dim=0",
-    "chunk": "input, chunks, dim=0",
-    "transpose": "input, dim0, dim1",
-    "flatten": "input, start_dim=0, end_dim=-1",
-    "unsqueeze": "input, dim",
-    "permute": "input, *dims",
-    "topk": "input, k, dim=-1, largest=True, sorted=True",
-    "sort": "input, dim=-1, descending=False",
-    "gather": "input, dim, index",
-    "index_select": "input, dim, index",
-    "narrow": "input, dim, start, length",
-    "select": "input, dim, index",
-    "roll": "input, shifts, dims=None",
-    "flip": "input, dims",
-    "tril": "input, diagonal=0",
-    "triu": "input, diagonal=0",
-}
-
-_PARSED: Dict[str, Optional[List[Tuple[str, Any]]]] = {}
-
-
-def _parse(text: str) -> List[Tuple[str, Any]]:
-    out: List[Tuple[str, Any]] = []
-    for part in text.split(", "):
-        name, eq, default = part.partition("=")
-        out.append((name.strip(), ast.literal_eval(default) if eq else _NO_DEFAULT))
-    return out
-
-
-def _inspect_signature(api_type: str, name: str) -> Optional[List[Tuple[str, Any]]]:
-    torch = sys.modules.get("torch")   # never imported here: only when the process already has it
-    if torch is None:
-        return None
-    owner = {"Functional": getattr(getattr(torch, "nn", None), "functional", None), "Torch": torch,
-             "Tensor": getattr(torch, "Tensor", None)}.get(api_type)
-    fn = getattr(owner, name, None) if owner is not None else None
-    if fn is None:
-        return None
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):   # C builtins have none
-        return None
-    out: List[Tuple[str, Any]] = []
-    for p in sig.parameters.values():
-        if p.kind is p.VAR_KEYWORD:
-            continue
-        if p.kind is p.VAR_POSITIONAL:
-            out.append(("*" + p.name, _NO_DEFAULT))
-            continue
-        d = p.default
-        out.append((p.name, _NO_DEFAULT if d is p.empty or not _plain(d) else d))
-    if api_type == "Tensor" and out and out[0][0] == "self":
-        out[0] = ("input", _NO_DEFAULT)
-    return out
-
-
-def _plain(v: Any) -> bool:
-    return v is None or isinstance(v, (bool, int, float, str)) or (
-        isinstance(v, (tuple, list)) and all(_plain(x) for x in v))
 
 
 def signature(api_type: str, api_name: str) -> Optional[List[Tuple[str, Any]]]:
-    """``[(parameter, default or a no-default marker), ...]`` of an API, or None when unknown.
-
-    In-place variants (``add_``) use their base's signature; ``torch.nn.functional`` APIs use
-    ``F.{name}`` where the table has it."""
-    key = f"{api_type}:{api_name}"
-    if key in _PARSED:
-        return _PARSED[key]
-    base = api_name[:-1] if api_name.endswith("_") and not api_name.endswith("__") else api_name
-    text = None
-    if api_type == "Functional":
-        text = SIGNATURES.get("F." + api_name) or SIGNATURES.get("F." + base)
-    text = text or SIGNATURES.get(api_name) or SIGNATURES.get(base)
-    sig = _parse(text) if text else _inspect_signature(api_type, api_name)
-    _PARSED[key] = sig
-    return sig
+    """``[(parameter, default or MISSING), ...]`` of an API's first overload (torch's own signature,
+    ``runtime/operations.py``), or None when unknown."""
+    sigs = O.signatures(api_type, api_name)
+    if not sigs:
+        return None
+    return [(p.name, MISSING if p.default is O.NO_DEFAULT else p.default) for p in sigs[0] if not p.variadic]
 
 
 # ------------------------------------------------------------------------------ values
@@ -314,45 +176,47 @@ class _Param:
     value: Any           # normalised; MISSING when the side omitted it and no default is known
     slot: str            # the record slot of this argument on this side ("input.4"), "" when omitted
     given: bool          # passed explicitly (not filled from the signature)
+    packed: bool = False  # the call's remaining positional arguments (``x.view(2, 3)``: one record each)
+
+
+def _is_tensor(v: Any) -> Optional[bool]:
+    if isinstance(v, _Tensor):
+        return True
+    if isinstance(v, tuple):
+        return True if any(isinstance(x, _Tensor) for x in v) else (False if v else None)
+    if v is None:
+        return None
+    return False
 
 
 def _params(api: ApiRec, spec: dict, kw_named: bool) -> Dict[str, _Param]:
-    """Parameter name -> value of one side, defaults filled, dims normalised."""
+    """Parameter name -> value of one side, bound to the API's signature (``runtime/operations.py``),
+    defaults filled, dims normalised. A call no signature fits names its positional arguments
+    ``input``, ``arg1``, ``arg2``... and its keyword arguments by their keywords."""
     args = [_value(a) for a in spec.get("args", [])]
     kwargs = {str(k): _value(v) for k, v in spec.get("kwargs", {}).items()}
-    sig = signature(api.api_type, api.api_name)
+    kw_pos = {k: len(args) + j for j, k in enumerate(kwargs)}
+
+    def slot_of(src: Any) -> str:
+        if isinstance(src, int):
+            return f"input.{src}"
+        return f"input.{src}" if kw_named else f"input.{kw_pos[src]}"
+
     out: Dict[str, _Param] = {}
-    if sig is not None:
-        pos = [n for n, _ in sig]
-        i = 0
-        for n in pos:
-            if n.startswith("*"):
-                rest = tuple(args[i:])
-                if rest:
-                    out[n[1:]] = _Param(n[1:], rest if len(rest) != 1 or not isinstance(rest[0], tuple)
-                                        else rest[0], f"input.{i}", True)
-                i = len(args)
-                break
-            if i >= len(args):
-                break
-            out[n] = _Param(n, args[i], f"input.{i}", True)
-            i += 1
-        for j in range(i, len(args)):
-            out[f"arg{j}"] = _Param(f"arg{j}", args[j], f"input.{j}", True)
+    bound = O.bind(api.api_type, api.api_name, args, kwargs, _is_tensor)
+    if bound is not None:
+        for name, v in bound.values.items():
+            given = name in bound.source
+            out[name] = _Param(name, v, slot_of(bound.source[name]) if given else "", given,
+                               packed=name == bound.packed)
     else:
-        for j, a in enumerate(args):
-            out[f"arg{j}" if j else "input"] = _Param(f"arg{j}" if j else "input", a, f"input.{j}", True)
-    n_args = len(args)
-    for j, (k, v) in enumerate(kwargs.items()):
-        out[k] = _Param(k, v, f"input.{k}" if kw_named else f"input.{n_args + j}", True)
-    if sig is not None:
-        for name, default in sig:
-            if name.startswith("*") or name in out:
-                continue
-            out[name] = _Param(name, MISSING if default is _NO_DEFAULT else default, "", False)
+        for j, v in enumerate(args):
+            out[f"arg{j}" if j else "input"] = _Param(f"arg{j}" if j else "input", v, f"input.{j}", True)
+        for k, v in kwargs.items():
+            out[k] = _Param(k, v, slot_of(k), True)
     rank = _input_rank(api)
     if rank is not None:
-        r = rank + (1 if api.api_name in _RANK_PLUS_ONE else 0)
+        r = rank + (1 if O.operation(api.api_type, api.api_name).name in _RANK_PLUS_ONE else 0)
         for p in out.values():
             if p.name in DIM_PARAMS and r > 0:
                 p.value = _norm_dim(p.value, r)
@@ -392,8 +256,12 @@ def _same(a: Any, b: Any) -> bool:
     """Whether two normalised argument values are the same (None equals an omitted value)."""
     if a is MISSING or b is MISSING:
         return (a is MISSING or a is None) and (b is MISSING or b is None)
-    if isinstance(a, tuple) or isinstance(b, tuple):
-        if not (isinstance(a, tuple) and isinstance(b, tuple)) or len(a) != len(b):
+    if isinstance(a, tuple) != isinstance(b, tuple):
+        # torch reads an int where it takes a list of ints as that list (``sum(x, 1)``, ``sum(x, (1,))``)
+        one, other = (a, b) if isinstance(a, tuple) else (b, a)
+        return len(one) == 1 and isinstance(other, int) and not isinstance(other, bool) and _same(one[0], other)
+    if isinstance(a, tuple):
+        if len(a) != len(b):
             return False
         return all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, _Tensor) or isinstance(b, _Tensor):
@@ -438,9 +306,13 @@ class ArgLeaf:
     bench_given: bool = True
 
 
-def _slot(base: str, path: Tuple[int, ...]) -> str:
+def _slot(base: str, path: Tuple[int, ...], packed: bool = False) -> str:
+    """The record slot of the leaf at ``path`` of a parameter recorded at ``base``; the leaves of a
+    packed parameter (``x.view(2, 3)``) are consecutive positional records (``input.1``, ``input.2``)."""
     if not base or not path:
         return base
+    if packed and base.startswith("input.") and base[6:].isdigit():
+        return f"input.{int(base[6:]) + path[0]}" + "".join(f".{i}" for i in path[1:])
     return base + "".join(f".{i}" for i in path)
 
 
@@ -533,7 +405,8 @@ def _compare(npu_api: ApiRec, bench_api: ApiRec, sn: dict, sb: dict, npu_kw_name
             paths = [()]
         for p in paths:
             out.append(ArgLeaf(name, p, da.get(p, MISSING), db.get(p, MISSING),
-                               _slot(a.slot, p) if p in da else "", _slot(b.slot, p) if p in db else "",
+                               _slot(a.slot, p, a.packed) if p in da else "",
+                               _slot(b.slot, p, b.packed) if p in db else "",
                                status, msg, a.given, b.given))
     return out
 

@@ -1,6 +1,7 @@
 """Pair the APIs of two dumps in execution order by a sequence alignment. No torch.
 
-Two APIs can pair when they have the same family (``{Type}_{api}``) and direction and compatible
+Two APIs can pair when they compute the same operation (``ApiRec.op``, ``binding.py``: every spelling
+of softmax is ``softmax``; the family ``{Type}_{api}`` for records not bound) and direction and compatible
 tensor structure (tensors only: non-tensor arguments never unpair a call): every tensor slot
 (``input.0``, ``output.1.0`` ...) present on both sides has the same shape and the same dtype
 class (fp16/bf16/fp32/fp64 are one class, ints another, bool another).
@@ -88,9 +89,9 @@ def signature(api: ApiRec) -> ApiSig:
     Records of Python number arguments (``int``/``float`` dtype, shape []) are not part of the
     structure: an extra or missing non-tensor argument (``_stacklevel=3``, an explicit default)
     never unpairs a call nor weakens its pair; the table compares arguments by name instead."""
-    st = tuple(sorted((t.slot, dtype_class(t.dtype), tuple(t.shape)) for t in api.tensors
+    st = tuple(sorted((t.param or t.slot, dtype_class(t.dtype), tuple(t.shape)) for t in api.tensors
                       if not (tuple(t.shape) == () and not str(t.dtype).startswith("torch."))))
-    return ApiSig(api.family, api.direction, api.call_index, st)
+    return ApiSig(api.op or api.family, api.direction, api.call_index, st)
 
 
 def compatible(a: ApiSig, b: ApiSig) -> bool:

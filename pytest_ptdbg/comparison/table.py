@@ -43,6 +43,7 @@ from pytest_ptdbg.comparison import arguments as A
 from pytest_ptdbg.comparison import code_path as CP
 from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison import verdict as V
+from pytest_ptdbg.comparison.binding import bind_apis
 from pytest_ptdbg.comparison.pairing import dtype_class, pair_apis
 from pytest_ptdbg.comparison.rule import Rule
 from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, SUMMARY_COLUMNS, SUMMARY_DIFF_COLUMNS,
@@ -151,15 +152,16 @@ def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec],
                   skip: Callable[[TensorRec], bool] = lambda t: False) -> List[_Pair]:
     nts = [t for t in na.tensors if not skip(t)] if na else []
     bts = [t for t in ba.tensors if not skip(t)] if ba else []
-    by_slot = {t.slot: t for t in bts}
+    by_slot = {t.param or t.slot: t for t in bts}
     used = set()
     out: List[_Pair] = []
     for t in nts:
-        b = by_slot.get(t.slot)
+        s = t.param or t.slot
+        b = by_slot.get(s)
         if b is not None:
-            used.add(t.slot)
+            used.add(s)
         out.append((t, b))
-    out.extend((None, b) for b in bts if b.slot not in used)
+    out.extend((None, b) for b in bts if (b.param or b.slot) not in used)
     return out
 
 
@@ -396,6 +398,8 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
     if summary is None:
         summary = not (npu.has_data and bench.has_data)
     problems = problems if problems is not None else []
+    bind_apis(npu.apis, npu.layout == "msprobe")
+    bind_apis(bench.apis, bench.layout == "msprobe")
     steps = pair_apis(npu.apis, bench.apis, fuzzy=fuzzy_match)
     kinds = _code_paths(steps, summary)
     cols = [str(c) for c in (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS]

@@ -57,6 +57,8 @@ class TensorRec:
     data_inode: int = 0               # inode of data_file (hard-linked copies share it)
     #: ``input.0`` / ``output.1.0``: the tensor's place within its API (computed when not given)
     slot: str = ""
+    #: the slot named by its parameter (``input.weight``; ``comparison/binding.py``), "" until bound
+    param: str = ""
 
     def __post_init__(self) -> None:
         if not self.slot:
@@ -86,6 +88,8 @@ class ApiRec:
     ctx: str = ""
     #: ``{Type}_{api}`` (e.g. ``Functional_softmax``), computed when not given
     family: str = ""
+    #: the operation it computes (``softmax`` for every spelling; ``comparison/binding.py``), "" until bound
+    op: str = ""
 
     def __post_init__(self) -> None:
         if not self.family:
