@@ -122,10 +122,10 @@ def test_an_extra_non_tensor_argument_neither_unpairs_nor_weakens_a_pair():
     from pytest_ptdbg.comparison.pairing import signature
 
     def api(k, scalars):
-        ts = [NS(slot="input.0", dtype="torch.float32", shape=(4, 3)),
-              NS(slot="output.0", dtype="torch.float32", shape=(4,))]
-        ts += [NS(slot=f"input.{i + 1}", dtype=d, shape=()) for i, d in enumerate(scalars)]
-        return NS(family="Tensor_sum", direction="forward", call_index=k, tensors=ts)
+        ts = [NS(slot="input.0", param="", dtype="torch.float32", shape=(4, 3)),
+              NS(slot="output.0", param="", dtype="torch.float32", shape=(4,))]
+        ts += [NS(slot=f"input.{i + 1}", param="", dtype=d, shape=()) for i, d in enumerate(scalars)]
+        return NS(family="Tensor_sum", op="", direction="forward", call_index=k, tensors=ts)
 
     a = [signature(api(0, ["int", "bool"])), signature(api(1, ["int"]))]
     b = [signature(api(0, ["int"])), signature(api(1, ["<class 'int'>", "bool"]))]
@@ -133,5 +133,5 @@ def test_an_extra_non_tensor_argument_neither_unpairs_nor_weakens_a_pair():
     assert align(a, b) == [(0, 0), (1, 1)]
     # a 0-d *tensor* is part of the structure
     t0 = api(0, [])
-    t0.tensors.append(NS(slot="input.1", dtype="torch.float32", shape=()))
+    t0.tensors.append(NS(slot="input.1", param="", dtype="torch.float32", shape=()))
     assert signature(t0) != signature(api(0, []))
