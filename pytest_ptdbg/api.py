@@ -15,7 +15,7 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
@@ -152,6 +152,9 @@ def compare(input_param: Dict[str, Any], output_path: str, stack_mode: bool = Fa
     This is ptdbg's signature: the arguments become a :class:`CompareOptions` and two
     :class:`DumpInput` (``comparison/options.py``) for :func:`compare_inputs`.
     """
+    if not isinstance(input_param, Mapping):
+        raise TypeError(f"compare: input_param is ptdbg's dict, not a {type(input_param).__name__}: "
+                        "compare({'npu_pkl_path': NPU_PKL_OR_DIR, 'bench_pkl_path': BENCH_PKL_OR_DIR}, OUTPUT_DIR)")
     options = CompareOptions.build(rule=rule, stack_mode=stack_mode, auto_analyze=auto_analyze,
                                    fuzzy_match=fuzzy_match, thresholds=thresholds,
                                    summary_compare=summary_compare, replay_check=replay_check,

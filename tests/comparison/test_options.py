@@ -108,3 +108,10 @@ def test_rule_is_public_and_compare_takes_it(tmp_path):
 
     r = compare(_pair(tmp_path), str(tmp_path / "out"), replay_check=False, rule=pytest_ptdbg.Rule.PTDBG)
     assert r.gate is Rule.PTDBG and r.options.rule is Rule.PTDBG
+
+
+def test_compare_given_paths_instead_of_input_param_says_what_it_takes(tmp_path):
+    from pytest_ptdbg import compare
+
+    with pytest.raises(TypeError, match=r"input_param is ptdbg's dict, not a str: compare\(\{'npu_pkl_path'"):
+        compare(str(tmp_path / "npu"), str(tmp_path / "bench"))
