@@ -13,7 +13,6 @@ Pairing (``pairing.py``) and the table's tensor rows pair by these; the record n
 """
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 from pytest_ptdbg.comparison import arguments as A
@@ -25,9 +24,24 @@ if TYPE_CHECKING:
 
 __all__ = ["bind_apis", "bound_slots", "bound_slot"]
 
-_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=True, sort_keys=False).encode
 _MEMO: Dict[Tuple[Any, ...], Dict[str, str]] = {}
 _MEMO_MAX = 100_000
+
+
+def _structure(v: Any) -> Any:
+    """A call-spec value's shape for the memo: ``T`` a tensor, lists by their elements, a tagged
+    value by its tag, ``None``, and a Python value by its type (not its value)."""
+    if isinstance(v, dict):
+        if "t" in v:
+            return "T"
+        if "tuple" in v and isinstance(v["tuple"], list):
+            return ("tuple",) + tuple(_structure(x) for x in v["tuple"])
+        return tuple(v)
+    if isinstance(v, list):
+        return ("list",) + tuple(_structure(x) for x in v)
+    if v is None:
+        return None
+    return type(v).__name__
 
 
 def _walk(v: Any, path: Tuple[int, ...], out: List[Tuple[Tuple[int, ...], Any]]) -> None:
@@ -44,10 +58,14 @@ def _suffix(path: Tuple[int, ...]) -> str:
 
 def bound_slots(api: ApiRec, spec: dict, kw_named: bool = False) -> Dict[str, str]:
     """``{recorded input slot: bound slot}`` of one forward call (``input.2`` -> ``input.bias``)."""
+    args, kwargs = spec.get("args", []), spec.get("kwargs", {})
     try:
+        # what the mapping depends on: the API, its input's rank (dims), and the spec's structure
+        # (tensors, lists, Python values by kind), never the values of its numbers
         key: Optional[Tuple[Any, ...]] = (api.api_type, api.api_name, A._input_rank(api), kw_named,
-                                          _ENCODE(spec))
-    except (TypeError, ValueError):
+                                          tuple(_structure(a) for a in args),
+                                          tuple((k, _structure(v)) for k, v in kwargs.items()))
+    except (TypeError, RecursionError):
         key = None
     if key is not None:
         hit = _MEMO.get(key)
