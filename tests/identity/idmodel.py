@@ -56,7 +56,8 @@ REFACTORS = [
     "alias_divide",               # torch.div -> torch.divide
     "alias_concat",               # torch.cat -> torch.concat
     "qk_views_swapped",           # k's view before q's (two independent same-shape calls)
-    "all_keywords",               # every argument that can be passed by keyword is
+    "all_keywords",               # every argument the original passes positionally, by keyword
+                                  # (the same APIs: x + a -> x.add(other=a), a @ b -> a.matmul(other=b))
 ]
 
 #: regressions, each in block 0 only: what one call computes changes
@@ -117,14 +118,14 @@ class Block(nn.Module):
         if self.spelling == "add_swapped":
             return a + x
         if self.spelling == "all_keywords":
-            return torch.add(input=x, other=a)
+            return x.add(other=a)
         return x + a
 
     def _matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self.spelling == "matmul_torch":
             return torch.matmul(a, b)
         if self.spelling == "all_keywords":
-            return torch.matmul(input=a, other=b)
+            return a.matmul(other=b)
         return a @ b
 
     def _softmax(self, s: torch.Tensor) -> torch.Tensor:
