@@ -10,7 +10,10 @@ hook changes). For each case it compares with ``compare(...)``'s default setting
 statistics-only) and checks whether the first suspect is the planted API key in the planted
 direction. Faults smaller than 4x the correct kernel's own error in that dtype are listed as
 "below resolution" and not scored. Clean pairs (bf16/fp16 autocast, weight noise, identical runs,
-seeded dropout, ``torch.empty`` buffers) count false alarms (``passed`` False).
+seeded dropout, ``torch.empty`` buffers) count false alarms (``passed`` False). The ``spell-*``
+cases (issue 20) respell the device's calls (keyword arguments, ``torch.softmax`` for
+``F.softmax``, ``torch.add`` for ``x + y``...; ``faults/spellings.py``): their faults must still be
+found, their clean pairs must not alarm.
 
 ``python benchmarks/bench_diagnosis.py [--fast] [--only PATTERN] [--out results.json] [--keep DIR]``
 
@@ -84,7 +87,7 @@ def main(argv=None) -> int:
     print("-" * len(hdr))
     try:
         for f in faults:
-            for dev in DEVICES_FOR_FAULTS:
+            for dev in f.devices(DEVICES_FOR_FAULTS):
                 r = runner.run_fault(f, dev, ws, keep=bool(a.keep))
                 fres.append(r)
                 where = "below" if r.where == "below capture" else "user"
@@ -137,7 +140,8 @@ def main(argv=None) -> int:
         sub = [r for r in scored if r.where == where]
         print(f"  {where:14s}: first-suspect hit {rate(sum(r.hit for r in sub), len(sub))}, "
               f"stats-only hit {rate(sum(r.stats_hit for r in sub), len(sub))}")
-    for dev in DEVICES_FOR_FAULTS:
+    respelled = [d for d in dict.fromkeys(r.device for r in fres) if d not in DEVICES_FOR_FAULTS]
+    for dev in list(DEVICES_FOR_FAULTS) + respelled:      # respelled: "fp32+kw", "bf16+ns"...
         sub = [r for r in scored if r.device == dev]
         print(f"  device {dev:7s}: first-suspect hit {rate(sum(r.hit for r in sub), len(sub))}")
     print(f"first-suspect hit rate: {rate(hits, len(scored))}")

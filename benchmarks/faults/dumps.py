@@ -9,6 +9,7 @@ the API the fault landed on, since both runs are identical up to there.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import torch
 from pytest_ptdbg import PrecisionDebugger
 from pytest_ptdbg.format import records
 
-from benchmarks.faults import archs
+from benchmarks.faults import archs, spellings
 
 __all__ = ["Device", "DEVICES", "dump_step", "pkl_path", "data_dir", "read_records",
            "first_divergence", "divergences", "Divergence", "split_key"]
@@ -30,19 +31,25 @@ __all__ = ["Device", "DEVICES", "dump_step", "pkl_path", "data_dir", "read_recor
 
 @dataclass(frozen=True)
 class Device:
-    """A device setting: CPU autocast dtype (None: float32) and relative weight noise."""
+    """A device setting: CPU autocast dtype (None: float32), relative weight noise, and the
+    spelling of the device's calls (``""``: the bench's; else a key of ``spellings.SPELLINGS``:
+    the same computation, spelled otherwise)."""
 
     name: str
     autocast: Optional[torch.dtype] = None
     noise: float = 0.0
+    spelling: str = ""
 
 
-DEVICES = {d.name: d for d in [
+_BASE = [
     Device("fp32", None, 1e-6),     # a device's own rounding, as relative noise on every weight
     Device("bf16", torch.bfloat16),
     Device("fp16", torch.float16),
     Device("same", None, 0.0),      # an identical run
-]}
+]
+#: every base setting also respelled: ``"fp32+kw"`` is fp32 with keyword arguments
+DEVICES = {d.name: d for d in _BASE + [Device(f"{b.name}+{sp}", b.autocast, b.noise, sp)
+                                        for b in _BASE for sp in spellings.SPELLINGS]}
 
 
 def pkl_path(dump: str) -> str:
@@ -64,7 +71,9 @@ def dump_step(arch: str, out: str, device: Device, plant: Any = None, summary_on
     """Dump one training step of ``arch`` on ``device`` into ``out`` (replaced), with ``plant``.
 
     ``plant`` (or None) has ``layer`` (``"below"``/``"user"``) and ``mode()``, a context manager:
-    below-capture modes go under the debugger's, user-code modes over it.
+    below-capture modes go under the debugger's, user-code modes over it. A respelled device
+    (``device.spelling``) runs under ``spellings.Respell`` between the two: over the debugger's
+    mode, under a user-code fault's.
     """
     shutil.rmtree(out, ignore_errors=True)
     model, batch = archs.fresh(arch)
@@ -81,11 +90,13 @@ def dump_step(arch: str, out: str, device: Device, plant: Any = None, summary_on
     try:
         dbg.start()
         try:
-            if user is not None:
-                with user:
+            # the respelling over the debugger's mode, a user-code fault over both
+            with (spellings.Respell(device.spelling) if device.spelling else contextlib.nullcontext()):
+                if user is not None:
+                    with user:
+                        archs.train_step(model, batch, loss_fn, device.autocast)
+                else:
                     archs.train_step(model, batch, loss_fn, device.autocast)
-            else:
-                archs.train_step(model, batch, loss_fn, device.autocast)
         finally:
             dbg.stop()
             dbg.step()

@@ -10,7 +10,7 @@ context manager) for one run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -48,6 +48,14 @@ class Fault:
     occurrence: int = 0
     match: Optional[Callable[[tuple, dict], bool]] = None
     rewrite: Optional[Callable[..., Any]] = None  # user code only
+    #: the device side's spelling (``spellings.SPELLINGS``; "" the bench's): the fault runs on
+    #: ``"fp32+kw"``... and ``family`` is the respelled API's; a user-code ``target`` is the
+    #: model's own spelling, a below-capture one the respelled callable
+    spelling: str = ""
+
+    def devices(self, base: Tuple[str, ...]) -> List[str]:
+        """The device settings this fault runs on: ``base``, respelled when it has a spelling."""
+        return [f"{d}+{self.spelling}" if self.spelling else d for d in base]
 
     def plant(self) -> Plant:
         """A fresh plant (new call counter and record) for one run."""
@@ -77,6 +85,10 @@ def _below(id, arch, family, target, occ, size, direction="forward", match=None)
 
 def _user(id, arch, family, target, occ, size, rewrite, direction="forward", match=None) -> Fault:
     return Fault(id, arch, family, direction, "user code", size, target, occ, match, rewrite)
+
+
+def _spelled(spelling: str, fault: Fault) -> Fault:
+    return replace(fault, spelling=spelling)
 
 
 def _eq(pos: int, value: Any) -> Callable[[tuple, dict], bool]:
@@ -176,6 +188,41 @@ FAULTS: List[Fault] = [
           R.set_args(approximate="tanh")),
     _user("t5-softmax1-bf16", "t5", "Functional_softmax", lambda: F.softmax, 1, "softmax in bf16",
           R.softmax_in(torch.bfloat16)),
+] + [
+    # ------------------------------------- issue 20: the device spells its calls otherwise
+    # "kw": keyword arguments where the bench passes them positionally (benchmarks/faults/spellings.py)
+    _spelled("kw", f) for f in [
+        _below("spell-kw-mlp-linear1-fwd-1e-3", "mlp", "Functional_linear", lambda: F.linear, 1, "1e-3"),
+        _below("spell-kw-mlp-linear0-bwd-1e-2", "mlp", "Functional_linear", lambda: F.linear, 0, "1e-2",
+               "backward"),
+        _user("spell-kw-mlp-gelu-tanh", "mlp", "Functional_gelu", lambda: F.gelu, 0, "gelu tanh form",
+              R.set_args(approximate="tanh")),
+        _user("spell-kw-mlp-linear2-bf16-cast", "mlp", "Tensor_to", lambda: F.linear, 2, "input cast to bf16",
+              R.cast_first_input(torch.bfloat16)),
+        _below("spell-kw-gpt-add2-fwd-1e-3", "tiny_gpt", "Tensor_add", lambda: T.add, 2, "1e-3"),
+        _below("spell-kw-gpt2-addmm3-fwd-1e-3", "gpt2", "Torch_addmm", lambda: torch.addmm, 3, "1e-3"),
+        _user("spell-kw-gpt2-ln4-eps", "gpt2", "Functional_layer_norm", lambda: F.layer_norm, 4,
+              "eps 1e-5 -> 1e-3", R.set_args(eps=1e-3)),
+        _user("spell-kw-bert-gelu0-tanh", "bert", "Functional_gelu", lambda: F.gelu, 0, "gelu tanh form",
+              R.set_args(approximate="tanh")),
+    ]
+] + [
+    # "ns": another namespace or form (torch.softmax for F.softmax, torch.add for x + y,
+    # torch.matmul for a @ b, torch.layer_norm for the module's F.layer_norm)
+    _spelled("ns", f) for f in [
+        _below("spell-ns-gpt-matmul2-fwd-1e-4", "tiny_gpt", "Torch_matmul", lambda: torch.matmul, 2, "1e-4"),
+        _below("spell-ns-gpt-add2-fwd-1e-3", "tiny_gpt", "Torch_add", lambda: torch.add, 2, "1e-3"),
+        _user("spell-ns-gpt-ln1-eps", "tiny_gpt", "Torch_layer_norm", lambda: F.layer_norm, 1,
+              "eps 1e-5 -> 1e-3", R.set_args(eps=1e-3)),
+        _below("spell-ns-gpt2-softmax1-fwd-1e-2", "gpt2", "Torch_softmax", lambda: torch.softmax, 1, "1e-2"),
+        _user("spell-ns-gpt2-softmax0-fp16-nomax", "gpt2", "Tensor_to", lambda: F.softmax, 0,
+              "softmax in fp16, no max subtraction", R.softmax_no_max(torch.float16)),
+        _user("spell-ns-bert-softmax1-fp16", "bert", "Torch_softmax", lambda: F.softmax, 1, "softmax in fp16",
+              R.softmax_in(torch.float16)),
+        _below("spell-ns-bert-ln2-fwd-1e-3", "bert", "Torch_layer_norm", lambda: torch.layer_norm, 2, "1e-3"),
+        _below("spell-ns-bert-matmul1-bwd-1e-3", "bert", "Tensor_matmul", lambda: T.matmul, 1, "1e-3",
+               "backward"),
+    ]
 ]
 
 CLEAN_PAIRS: List[CleanPair] = [
@@ -202,6 +249,21 @@ CLEAN_PAIRS: List[CleanPair] = [
     CleanPair("vit-bf16", "vit", "bf16", "bf16 autocast"),
     CleanPair("t5-fp32-noise", "t5", "fp32", "1e-6 weight noise"),
     CleanPair("t5-bf16", "t5", "bf16", "bf16 autocast"),
+    # issue 20: pure respellings of the bench's calls (benchmarks/faults/spellings.py)
+    CleanPair("spell-kw-mlp-same", "mlp", "same+kw", "keyword arguments, identical run"),
+    CleanPair("spell-kw-mlp-fp32", "mlp", "fp32+kw", "keyword arguments, 1e-6 weight noise"),
+    CleanPair("spell-kw-gpt-same", "tiny_gpt", "same+kw", "keyword arguments, identical run"),
+    CleanPair("spell-kw-gpt-bf16", "tiny_gpt", "bf16+kw", "keyword arguments, bf16 autocast"),
+    CleanPair("spell-ns-gpt-same", "tiny_gpt", "same+ns", "other namespaces, identical run"),
+    CleanPair("spell-ns-gpt-fp32", "tiny_gpt", "fp32+ns", "other namespaces, 1e-6 weight noise"),
+    CleanPair("spell-ns-gpt-bf16", "tiny_gpt", "bf16+ns", "other namespaces, bf16 autocast"),
+    CleanPair("spell-kw-gpt2-same", "gpt2", "same+kw", "keyword arguments, identical run"),
+    CleanPair("spell-ns-gpt2-same", "gpt2", "same+ns", "other namespaces, identical run"),
+    CleanPair("spell-ns-gpt2-bf16", "gpt2", "bf16+ns", "other namespaces, bf16 autocast"),
+    CleanPair("spell-kw-bert-fp32", "bert", "fp32+kw", "keyword arguments, 1e-6 weight noise"),
+    CleanPair("spell-ns-bert-same", "bert", "same+ns", "other namespaces, identical run"),
+    CleanPair("spell-kw-llama-same", "llama", "same+kw", "keyword arguments, identical run"),
+    CleanPair("spell-ns-llama-bf16", "llama", "bf16+ns", "other namespaces, bf16 autocast"),
 ]
 
 #: the --fast subset (example models only)
