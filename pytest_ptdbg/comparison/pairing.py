@@ -21,6 +21,15 @@ To stay fast on long dumps, families with the same number of calls on both sides
 the sequences, and only the gaps between anchors are aligned by dynamic programming (numpy, one
 vector operation per row). A gap too large for one table (> DP_LIMIT cells) is aligned by windows
 of WINDOW calls sliding along the diagonal (30 000 calls without any anchor: about 1 s).
+
+Dataflow (:func:`repair_by_dataflow`, a pass after :func:`align`; :func:`pair_dumps` runs both):
+when both dumps record each forward input's producer (``ApiRec.sources``), a paired call whose
+producers are not paired with each other is re-paired by swaps between compatible calls, first
+in execution order (a call goes to the bench call its producers' partners fed), then in reverse
+(a consumer's producers are paired with each other, walking a chain of swapped calls back to
+where it forks), then forwards again. Backward records follow their forward call. Where every
+edge already agrees (the usual case) nothing is built: one pass over the edges by key.
+:class:`Pairing` reports the reordered calls and whether the dumps are different programs.
 """
 from __future__ import annotations
 
@@ -532,12 +541,15 @@ def repair_by_dataflow(npu: Sequence[ApiRec], bench: Sequence[ApiRec], sn: Seque
     Only paired calls change partners, by swaps between compatible calls: a call on one side only
     stays where the alignment put it. Backward records follow their forward call's new partner.
     Dumps without sources (ptdbg's, msprobe's) keep the alignment's steps."""
-    fwd_n = sum(1 for a in npu if _forward(a))
-    fwd_b = sum(1 for a in bench if _forward(a))
+    fwd_n = sum(1 for a in npu if a.direction == "forward")
+    fwd_b = sum(1 for a in bench if a.direction == "forward")
+    paired = sum(1 for i, j in steps if i is not None and j is not None and npu[i].direction == "forward")
     has_flow = any(a.sources for a in npu) and any(a.sources for a in bench)
     if not has_flow:
-        paired = sum(1 for i, j in steps if i is not None and j is not None and _forward(npu[i]))
         return steps, Pairing(paired, max(fwd_n, fwd_b))
+    edges, agreeing = _agreement(npu, bench, steps)
+    if edges == agreeing:   # the usual case: the alignment is the dataflow's already
+        return steps, Pairing(paired, max(fwd_n, fwd_b), edges, agreeing, (), True)
     flow = _Flow(npu, bench, sn, sb, steps)
     before = list(flow.pn)
     order = sorted(flow.src_n)
@@ -563,8 +575,38 @@ def repair_by_dataflow(npu: Sequence[ApiRec], bench: Sequence[ApiRec], sn: Seque
             agreeing += int(flow.pn[p] == e[0] and os == e[1])
     if reordered:
         steps = [(i, flow.pn[i]) if i is not None and j is not None else (i, j) for i, j in steps]
-    paired = sum(1 for i, j in steps if i is not None and j is not None and _forward(npu[i]))
     return steps, Pairing(paired, max(fwd_n, fwd_b), edges, agreeing, tuple(reordered), True)
+
+
+def _agreement(npu: Sequence[ApiRec], bench: Sequence[ApiRec],
+               steps: Sequence[Tuple[Optional[int], Optional[int]]]) -> Tuple[int, int]:
+    """``(edges, agreeing)`` of the pairing ``steps``, by keys (no graph built): an edge is a paired
+    forward call's input whose producers are paired calls on both sides; it agrees when they are
+    paired with each other and give the same output slot."""
+    partner: Dict[str, str] = {}
+    pairs: List[Tuple[Dict[str, Tuple[str, str]], Dict[str, Tuple[str, str]]]] = []
+    append = pairs.append
+    for i, j in steps:
+        if i is not None and j is not None:
+            a = npu[i]
+            if a.direction == "forward":
+                b = bench[j]
+                partner[a.key] = b.key
+                if a.sources and b.sources:
+                    append((a.sources, b.sources))
+    bench_paired = set(partner.values())
+    get = partner.get
+    edges = agreeing = 0
+    for mine, theirs in pairs:
+        for slot, (p, os) in mine.items():
+            e = theirs.get(slot)
+            if e is not None:
+                q = get(p)
+                if q is not None and e[0] in bench_paired:
+                    edges += 1
+                    if q == e[0] and os == e[1]:
+                        agreeing += 1
+    return edges, agreeing
 
 
 def _backward_key(key: str) -> str:

@@ -854,9 +854,10 @@ class DumpSink(Sink):
         self._keep_fwd_in = self.with_tensors and sel.keep_io("forward", "input")
         self._keep_fwd_out = self.with_tensors and sel.keep_io("forward", "output")
         self._keep_bwd = {"input": sel.keep_io("backward", "input"), "output": sel.keep_io("backward", "output")}
-        #: dataflow (the call spec's ``"src"``): id(tensor) -> (weak reference, forward key, output slot)
-        #: of each output of the step's recorded calls; the weak reference guards against id reuse
-        self._made_by: Dict[int, Tuple[Any, str, str]] = {}
+        #: dataflow (the call spec's ``"src"``): id(tensor) -> (weak reference, ``[forward key, output
+        #: slot]`` as JSON) of each output of the step's recorded calls; the weak reference guards
+        #: against id reuse
+        self._made_by: Dict[int, Tuple[Any, str]] = {}
         self.writer.prepare()
 
     # -- records ---------------------------------------------------------------------------
@@ -1032,7 +1033,7 @@ class DumpSink(Sink):
                     try:
                         src = _sources(self._made_by, items)
                         if src:
-                            spec = spec[:-1] + ', "src": ' + _ENCODE(src) + "}"
+                            spec = spec[:-1] + ', "src": {' + src + "}}"
                     except Exception as e:  # pragma: no cover - dict look-ups; a hint only
                         report_internal_error("record sources", e, None, "this call's dataflow is not recorded")
                 if self._keep_fwd_in:
@@ -1202,25 +1203,31 @@ class DumpSink(Sink):
 MADE_BY_MAX = 1 << 20
 
 
-def _made(made_by: Dict[int, Tuple[Any, str, str]], api: str, items: Any, prefix: str = "output.") -> None:
-    """Remember ``api`` (a forward key) and the slot as the producer of each tensor in ``items``."""
+def _made(made_by: Dict[int, Tuple[Any, str]], api: str, items: Any, prefix: str = "output.") -> None:
+    """Remember ``api`` (a forward key) and the slot as the producer of each tensor in ``items``
+    (as the JSON text of ``[api, slot]``, written as it is into the consumers' call specs)."""
     if len(made_by) >= MADE_BY_MAX:
         made_by.clear()
+    if '"' in api or "\\" in api:  # pragma: no cover - API names are identifiers
+        head = _ENCODE(api)[:-1]
+    else:
+        head = '["' + api
     for i, v in enumerate(items):
         tv = type(v)
         if tv is _Tensor or tv is _Param or isinstance(v, _Tensor):
             try:
-                made_by[id(v)] = (_ref(v), api, prefix + str(i))
+                made_by[id(v)] = (_ref(v), f'{head}", "{prefix}{i}"]')
             except TypeError:  # pragma: no cover - a tensor kind without weak references
                 pass
         elif tv is list or tv is tuple:
             _made(made_by, api, v, f"{prefix}{i}.")
 
 
-def _sources(made_by: Dict[int, Tuple[Any, str, str]], items: Any, prefix: str = "input.") -> Dict[str, list]:
-    """``{"input.0": [forward key, "output.0"], ...}``: which recorded call made each tensor input
-    (the same object it returned, still alive; inputs made elsewhere are left out)."""
-    out: Dict[str, list] = {}
+def _sources(made_by: Dict[int, Tuple[Any, str]], items: Any, prefix: str = "input.") -> str:
+    """The call spec's ``"src"`` entries as JSON text (``"input.0": [forward key, "output.0"], ...``;
+    ``""``: none): which recorded call made each tensor input (the same object it returned, still
+    alive; inputs made elsewhere are left out)."""
+    out = ""
     get = made_by.get
     for i, v in enumerate(items):
         tv = type(v)
@@ -1228,11 +1235,12 @@ def _sources(made_by: Dict[int, Tuple[Any, str, str]], items: Any, prefix: str =
             if v and len(v) <= 4096:
                 sub = _sources(made_by, v, f"{prefix}{i}.")
                 if sub:
-                    out.update(sub)
+                    out = f"{out}, {sub}" if out else sub
             continue
         e = get(id(v))
         if e is not None and e[0]() is v:
-            out[prefix + str(i)] = [e[1], e[2]]
+            one = f'"{prefix}{i}": {e[1]}'
+            out = f"{out}, {one}" if out else one
     return out
 
 
