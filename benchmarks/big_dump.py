@@ -88,6 +88,13 @@ def write_big(template_rank: str, out: str, n_apis: int, save_data: bool = True)
                             ex["npy"] = new
                         else:
                             del ex["npy"]
+                    call = ex.get("call")
+                    if isinstance(call, dict) and isinstance(call.get("src"), dict):
+                        src = {}   # the dataflow names this copy's producers
+                        for slot, (pk, os_) in call["src"].items():
+                            pf, pk_k, pd, _ = _split(pk)
+                            src[slot] = [f"{pf}_{pk_k + c * n_fam[(pf, pd)]}_{pd}", os_]
+                        ex["call"] = dict(call, src=src)
                     rec[6] = ex
                 buf.append(records.encode_line(rec))
                 n += 1

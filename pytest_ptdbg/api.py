@@ -21,6 +21,7 @@ import pandas as pd
 
 from pytest_ptdbg.comparison import schema as S
 from pytest_ptdbg.comparison import verdict as V
+from pytest_ptdbg.comparison.pairing import Pairing
 from pytest_ptdbg.comparison.options import CompareOptions, DumpInput, inputs_from_param, param_from_inputs
 from pytest_ptdbg.comparison.rule import Rule
 from pytest_ptdbg.comparison.schema import CompareTable
@@ -233,6 +234,12 @@ def _compare_run(npu: reader.Dump, bench: reader.Dump, options: CompareOptions) 
                         thresholds=options.thresholds, problems=problems,
                         progress=say if options.log else None, workers=options.workers)
     say(f"{len(table)} rows in {time.perf_counter() - t0:.2f} s")
+    pairing = table.attrs.get("pairing")
+    if isinstance(pairing, Pairing):
+        if pairing.different_programs:
+            say(pairing.programs_text)
+        elif pairing.reordered_text:
+            notes.append(pairing.reordered_text)   # said as what it is: fails nothing
     judged = _judge(npu, bench, table, problems, notes, options, say)
     return _Run(table, judged, problems, notes, summary, say)
 
@@ -251,6 +258,9 @@ def _judge(npu: reader.Dump, bench: reader.Dump, table: pd.DataFrame, problems: 
     replay_check, device = options.replay_check, options.replay_device
     summary_asked = options.summary_compare is True
     replay = None
+    pairing = table.attrs.get("pairing")
+    if isinstance(pairing, Pairing) and pairing.different_programs:
+        replay_check = False   # nothing to judge call by call: the judgement says why
     if replay_check and npu.has_data and not _has_call_specs(npu):
         notes.append("replay check skipped: the device dump records no call arguments (a dump written "
                      "by ptdbg, msprobe or an older version): judged from statistics")

@@ -198,6 +198,8 @@ class Advice:
     #: the verdict of the rule that gated the compare (compare() and the plugin set it); None:
     #: the judgement's, else the table's (see :func:`decide`)
     passed: Optional[bool] = None
+    #: the two dumps are different programs: the line that says so ("" otherwise); no suspect then
+    programs: str = ""
 
     @property
     def decision(self) -> "Decision":
@@ -228,6 +230,9 @@ class Advice:
                       "partner in the bench dump. Check the paths, the dump mode and the step."]
         elif first is None and d.passed:
             lines += ["Line: None", "Suspect Nodes: None", "Expert Advice: " + self.passed_text()]
+        elif first is None and self.programs:
+            lines += ["Line: None", "Suspect Nodes: None",
+                      f"Expert Advice: The comparison fails: {self.programs}."]
         elif first is None:
             lines += ["Line: None", "Suspect Nodes: None",
                       "Expert Advice: The comparison fails, but no call is a suspect: the data "
@@ -301,6 +306,7 @@ class Advice:
             "n_inherited": self.n_inherited, "n_unpaired": self.n_unpaired,
             "n_root_causes": 0 if d.passed else self.n_root_causes,
             "first": d.first.api if d.first else None,
+            "programs": self.programs,
             "suspects": [s.to_dict() for s in self.suspects],
             "judgement": self.judgement.to_dict() if self.judgement is not None else None,
         }

@@ -137,6 +137,14 @@ def apply_judgement(advice: Advice, judgement: Optional[StepJudgement],
     advice.judgement = judgement
     if judgement is None:
         return advice
+    programs = [rc for rc in judgement.root_causes if rc.cause == Cause.DIFFERENT_PROGRAMS]
+    if programs:   # no call is a suspect: the calls do not correspond
+        advice.programs = programs[0].detail
+        advice.suspects = []
+        advice.n_root_causes = 0
+        advice.n_inherited = 0
+        advice.all_agree = False
+        return advice
     old = list(advice.suspects)
     by_api: Dict[str, Suspect] = {s.api: s for s in old}
     t = CompareTable.of(table)

@@ -167,6 +167,8 @@ def run_compare(args: argparse.Namespace) -> int:
     state = "PASSED" if r.passed else "FAILED"
     who = f"; first suspect: {first.api}" if first is not None else ""
     why = f"; problem: {r.problems[0]}" if not r.passed and r.problems else ""
+    if not r.passed and r.advice is not None and r.advice.programs:
+        why = f"; {r.advice.programs}{why}"
     print(f"ptdbg compare: {state}: {len(r.table)} rows{who}{why}; {r.csv_path}")
     return EXIT_OK if r.passed else EXIT_FAILED
 

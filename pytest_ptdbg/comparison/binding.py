@@ -5,7 +5,8 @@
 ``softmax``) and, on every tensor record, ``param``: the slot named by the parameter it was passed
 as (``input.weight``, ``input.tensors.1`` for the second tensor of ``torch.cat``'s list), so a call
 that passes ``weight`` by keyword and one that passes it by position hold the same slots. A backward
-record's gradient for an input is ``output.{parameter}``. Records whose call spec is missing (ptdbg
+record's gradient for an input is ``output.{parameter}``; the dataflow (``ApiRec.sources``) names
+each input by its parameter too. Records whose call spec is missing (ptdbg
 v4 dumps without one) or whose call fits no signature keep their recorded slot.
 
 Pairing (``pairing.py``) and the table's tensor rows pair by these; the record names (ptdbg's
@@ -119,3 +120,5 @@ def bind_apis(apis: Iterable[ApiRec], kw_named: bool = False) -> None:
         mapping = by_call.get((api.family, api.call_index))
         for t in api.tensors:
             t.param = bound_slot(t.slot, t.io, api.direction, mapping) if mapping else t.slot
+        if mapping and api.sources:   # the dataflow names each input by its parameter too
+            api.sources = {mapping.get(k, k): v for k, v in api.sources.items()}

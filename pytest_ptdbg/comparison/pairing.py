@@ -22,6 +22,15 @@ To stay fast on long dumps, families with the same number of calls on both sides
 the sequences, and only the gaps between anchors are aligned by dynamic programming (numpy, one
 vector operation per row). A gap too large for one table (> DP_LIMIT cells) is aligned by windows
 of WINDOW calls sliding along the diagonal (30 000 calls without any anchor: about 1 s).
+
+Dataflow (:func:`repair_by_dataflow`, a pass after :func:`align`; :func:`pair_dumps` runs both):
+when both dumps record each forward input's producer (``ApiRec.sources``), a paired call whose
+producers are not paired with each other is re-paired by swaps between compatible calls, first
+in execution order (a call goes to the bench call its producers' partners fed), then in reverse
+(a consumer's producers are paired with each other, walking a chain of swapped calls back to
+where it forks), then forwards again. Backward records follow their forward call. Where every
+edge already agrees (the usual case) nothing is built: one pass over the edges by key.
+:class:`Pairing` reports the reordered calls and whether the dumps are different programs.
 """
 from __future__ import annotations
 
@@ -308,3 +317,325 @@ def pair_apis(npu_apis: Sequence[ApiRec], bench_apis: Sequence[ApiRec],
     steps = align([signature(a) for a in npu_apis], [signature(b) for b in bench_apis], fuzzy)
     return [(npu_apis[i] if i is not None else None, bench_apis[j] if j is not None else None)
             for i, j in steps]
+
+
+# ----------------------------------------------------------------------------------- dataflow
+
+#: below this share of the larger side's forward calls paired, the two dumps are different programs
+MIN_PAIRED_SHARE = 0.5
+#: ... or when, of at least MIN_EDGES dataflow edges that both dumps could show, fewer than this
+#: share agree (the producers of a paired call's inputs are paired with each other)
+MIN_EDGE_SHARE = 0.5
+MIN_EDGES = 20
+#: a dump with fewer forward calls than this is never called a different program (too little to tell)
+MIN_CALLS = 8
+#: reordered calls named in the note at most
+MAX_NAMED = 5
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """What the pairing of two dumps found besides the steps (``table.attrs["pairing"]``).
+
+    ``reordered``: ``(device forward key, bench forward key)`` of the calls the dataflow repair
+    paired differently from the sequence alignment (independent calls run in another order).
+    ``paired``/``calls``: paired forward calls, and the larger side's forward calls;
+    ``edges``/``agreeing``: dataflow edges both dumps show (a paired call's input whose producers
+    are paired on both sides) and those that agree (0/0: no dataflow recorded).
+    """
+
+    paired: int = 0
+    calls: int = 0
+    edges: int = 0
+    agreeing: int = 0
+    reordered: Tuple[Tuple[str, str], ...] = ()
+    dataflow: bool = False
+
+    @property
+    def different_programs(self) -> bool:
+        """The two dumps do not align: too few calls pair, or their dataflow disagrees."""
+        if self.calls < MIN_CALLS:
+            return False
+        if self.paired < MIN_PAIRED_SHARE * self.calls:
+            return True
+        return self.edges >= MIN_EDGES and self.agreeing < MIN_EDGE_SHARE * self.edges
+
+    @property
+    def programs_text(self) -> str:
+        """The one line that says the two runs are different programs."""
+        flow = (f"; {self.agreeing} of {self.edges} dataflow edges agree" if self.edges else "")
+        return (f"the two runs are different programs: {self.paired} of {self.calls} forward calls pair{flow}; "
+                "the calls cannot be compared one by one (compare dumps of the same model and step)")
+
+    @property
+    def reordered_text(self) -> str:
+        """The info line of the calls the dataflow paired out of order ("" when none)."""
+        if not self.reordered:
+            return ""
+        named = ", ".join(f"{a} with bench {b}" for a, b in self.reordered[:MAX_NAMED])
+        more = f" and {len(self.reordered) - MAX_NAMED} more" if len(self.reordered) > MAX_NAMED else ""
+        return (f"{len(self.reordered)} call(s) were reordered between the runs (independent calls made in "
+                f"another order), paired by their dataflow: {named}{more}")
+
+
+def _forward(a: ApiRec) -> bool:
+    return a.direction == "forward"
+
+
+class _Flow:
+    """The two dumps' dataflow graphs over forward calls and the current partner of each call."""
+
+    def __init__(self, npu: Sequence[ApiRec], bench: Sequence[ApiRec], sn: Sequence[ApiSig], sb: Sequence[ApiSig],
+                 steps: Sequence[Tuple[Optional[int], Optional[int]]]):
+        self.sn, self.sb = sn, sb
+        self.pn = [-1] * len(npu)
+        self.pb = [-1] * len(bench)
+        for i, j in steps:
+            if i is not None and j is not None:
+                self.pn[i] = j
+                self.pb[j] = i
+        self.src_n = _edges(npu)
+        self.src_b = _edges(bench)
+        self.cons_n = _consumers(self.src_n)
+        self.cons_b = _consumers(self.src_b)
+        self._ok: Dict[Tuple[int, int], bool] = {}
+        #: backward key -> index, of each side (built when a backward record must follow)
+        self.bwd_n: Optional[Dict[str, int]] = None
+        self.bwd_b: Optional[Dict[str, int]] = None
+
+    def compatible(self, i: int, j: int) -> bool:
+        k = (i, j)
+        v = self._ok.get(k)
+        if v is None:
+            v = self._ok[k] = compatible(self.sn[i], self.sb[j])
+        return v
+
+    def agree(self, i: int) -> int:
+        """How many of device call ``i``'s input edges agree with its partner's."""
+        j = self.pn[i]
+        if j < 0:
+            return 0
+        mine, theirs = self.src_n.get(i), self.src_b.get(j)
+        if not mine or not theirs:
+            return 0
+        pn = self.pn
+        n = 0
+        for slot, (p, os) in mine.items():
+            e = theirs.get(slot)
+            if e is not None and pn[p] == e[0] and os == e[1]:
+                n += 1
+        return n
+
+    def local(self, nodes: Sequence[int]) -> int:
+        """Agreeing edges into ``nodes`` and into their consumers."""
+        seen = set()
+        total = 0
+        for i in nodes:
+            for c in [i] + [c for c, _ in self.cons_n.get(i, ())]:
+                if c not in seen:
+                    seen.add(c)
+                    total += self.agree(c)
+        return total
+
+    def swap(self, i: int, j2: int) -> Optional[Tuple[int, int]]:
+        """Pair device call ``i`` with bench call ``j2`` and their old partners with each other,
+        when both new pairs are compatible; returns ``(old partner of i, old partner of j2)``."""
+        j, y = self.pn[i], self.pb[j2]
+        if j < 0 or y < 0 or j == j2 or not self.compatible(i, j2) or not self.compatible(y, j):
+            return None
+        self._set(i, j2, y, j)
+        return j, y
+
+    def _set(self, i: int, j2: int, y: int, j: int) -> None:
+        self.pn[i], self.pb[j2] = j2, i
+        self.pn[y], self.pb[j] = j, y
+
+    def try_swap(self, i: int, j2: int, at_least: int, consumers: bool) -> bool:
+        """:meth:`swap` kept when the agreeing edges into the two device calls (and, with
+        ``consumers``, out of them) grow by ``at_least``."""
+        j, y = self.pn[i], self.pb[j2]
+        if j < 0 or y < 0 or j == j2:
+            return False
+        score = self.local if consumers else (lambda nodes: sum(self.agree(k) for k in nodes))
+        before = score((i, y))
+        if self.swap(i, j2) is None:
+            return False
+        if score((i, y)) - before >= at_least:
+            return True
+        self._set(i, j, y, j2)   # undone
+        return False
+
+    def candidates(self, i: int) -> List[int]:
+        """Bench calls that consume, at the same slots, what the partners of ``i``'s producers made."""
+        out: List[int] = []
+        for slot, (p, os) in self.src_n.get(i, {}).items():
+            q = self.pn[p]
+            if q < 0:
+                continue
+            for c, s in self.cons_b.get(q, ()):
+                if s == slot and self.src_b[c][slot][1] == os and c not in out:
+                    out.append(c)
+        return out
+
+
+def _edges(apis: Sequence[ApiRec]) -> Dict[int, Dict[str, Tuple[int, str]]]:
+    """Forward call index -> {input slot: (producer's index, its output slot)} (producers in the dump)."""
+    index = {a.key: k for k, a in enumerate(apis) if _forward(a)}
+    out: Dict[int, Dict[str, Tuple[int, str]]] = {}
+    for k, a in enumerate(apis):
+        if a.sources and _forward(a):
+            e = {slot: (index[p], os) for slot, (p, os) in a.sources.items() if p in index and index[p] < k}
+            if e:
+                out[k] = e
+    return out
+
+
+def _consumers(edges: Dict[int, Dict[str, Tuple[int, str]]]) -> Dict[int, List[Tuple[int, str]]]:
+    out: Dict[int, List[Tuple[int, str]]] = {}
+    for c, e in edges.items():
+        for slot, (p, _) in e.items():
+            out.setdefault(p, []).append((c, slot))
+    return out
+
+
+def _top_down(flow: _Flow, order: Sequence[int]) -> None:
+    """In execution order: a call paired with a bench call that its producers' partners did not
+    feed, while one they fed is paired elsewhere, is paired with that one (its old partner goes
+    to the other's)."""
+    for i in order:
+        j = flow.pn[i]
+        if j < 0 or i not in flow.src_n:
+            continue
+        have = flow.agree(i)
+        if have == len(flow.src_n[i]):
+            continue
+        for c in flow.candidates(i):
+            if c != j and flow.try_swap(i, c, 1, False):
+                break
+
+
+def _bottom_up(flow: _Flow, order: Sequence[int]) -> None:
+    """In reverse execution order: where a paired call's input comes from producers that are not
+    paired with each other, they are (their old partners paired together), unless that loses
+    agreeing edges: a chain of swapped calls is walked back to where it forks."""
+    for i in reversed(order):
+        j = flow.pn[i]
+        mine = flow.src_n.get(i)
+        if j < 0 or not mine:
+            continue
+        theirs = flow.src_b.get(j)
+        if not theirs:
+            continue
+        for slot, (p, os) in mine.items():
+            e = theirs.get(slot)
+            if e is None or os != e[1] or flow.pn[p] == e[0]:
+                continue
+            flow.try_swap(p, e[0], 0, True)
+
+
+def repair_by_dataflow(npu: Sequence[ApiRec], bench: Sequence[ApiRec], sn: Sequence[ApiSig], sb: Sequence[ApiSig],
+                       steps: List[Tuple[Optional[int], Optional[int]]]
+                       ) -> Tuple[List[Tuple[Optional[int], Optional[int]]], Pairing]:
+    """The sequence alignment's ``steps`` repaired by the dataflow both dumps record (each forward
+    call's ``ApiRec.sources``), and what the pairing found (:class:`Pairing`).
+
+    Only paired calls change partners, by swaps between compatible calls: a call on one side only
+    stays where the alignment put it. Backward records follow their forward call's new partner.
+    Dumps without sources (ptdbg's, msprobe's) keep the alignment's steps."""
+    fwd_n = sum(1 for a in npu if a.direction == "forward")
+    fwd_b = sum(1 for a in bench if a.direction == "forward")
+    paired = sum(1 for i, j in steps if i is not None and j is not None and npu[i].direction == "forward")
+    has_flow = any(a.sources for a in npu) and any(a.sources for a in bench)
+    if not has_flow:
+        return steps, Pairing(paired, max(fwd_n, fwd_b))
+    edges, agreeing = _agreement(npu, bench, steps)
+    if edges == agreeing:   # the usual case: the alignment is the dataflow's already
+        return steps, Pairing(paired, max(fwd_n, fwd_b), edges, agreeing, (), True)
+    flow = _Flow(npu, bench, sn, sb, steps)
+    before = list(flow.pn)
+    order = sorted(flow.src_n)
+    _top_down(flow, order)
+    _bottom_up(flow, order)
+    _top_down(flow, order)
+    reordered = []
+    for i, j in enumerate(flow.pn):
+        if j != before[i] and _forward(npu[i]) and j >= 0:
+            reordered.append((npu[i].key, bench[j].key))
+            _follow_backward(flow, npu, bench, i, j)
+    edges = agreeing = 0
+    for i in order:
+        j = flow.pn[i]
+        theirs = flow.src_b.get(j) if j >= 0 else None
+        if not theirs:
+            continue
+        for slot, (p, os) in flow.src_n[i].items():
+            e = theirs.get(slot)
+            if e is None or flow.pn[p] < 0 or flow.pb[e[0]] < 0:
+                continue
+            edges += 1
+            agreeing += int(flow.pn[p] == e[0] and os == e[1])
+    if reordered:
+        steps = [(i, flow.pn[i]) if i is not None and j is not None else (i, j) for i, j in steps]
+    return steps, Pairing(paired, max(fwd_n, fwd_b), edges, agreeing, tuple(reordered), True)
+
+
+def _agreement(npu: Sequence[ApiRec], bench: Sequence[ApiRec],
+               steps: Sequence[Tuple[Optional[int], Optional[int]]]) -> Tuple[int, int]:
+    """``(edges, agreeing)`` of the pairing ``steps``, by keys (no graph built): an edge is a paired
+    forward call's input whose producers are paired calls on both sides; it agrees when they are
+    paired with each other and give the same output slot."""
+    partner: Dict[str, str] = {}
+    pairs: List[Tuple[Dict[str, Tuple[str, str]], Dict[str, Tuple[str, str]]]] = []
+    append = pairs.append
+    for i, j in steps:
+        if i is not None and j is not None:
+            a = npu[i]
+            if a.direction == "forward":
+                b = bench[j]
+                partner[a.key] = b.key
+                if a.sources and b.sources:
+                    append((a.sources, b.sources))
+    bench_paired = set(partner.values())
+    get = partner.get
+    edges = agreeing = 0
+    for mine, theirs in pairs:
+        for slot, (p, os) in mine.items():
+            e = theirs.get(slot)
+            if e is not None:
+                q = get(p)
+                if q is not None and e[0] in bench_paired:
+                    edges += 1
+                    if q == e[0] and os == e[1]:
+                        agreeing += 1
+    return edges, agreeing
+
+
+def _backward_key(key: str) -> str:
+    return key[: -len("forward")] + "backward" if key.endswith("_forward") else ""
+
+
+def _follow_backward(flow: _Flow, npu: Sequence[ApiRec], bench: Sequence[ApiRec], i: int, j: int) -> None:
+    """The backward record of device call ``i`` pairs with that of its new partner ``j`` (both paired)."""
+    kn, kb = _backward_key(npu[i].key), _backward_key(bench[j].key)
+    if not kn or not kb:
+        return
+    if flow.bwd_n is None or flow.bwd_b is None:
+        flow.bwd_n = {a.key: k for k, a in enumerate(npu) if not _forward(a)}
+        flow.bwd_b = {a.key: k for k, a in enumerate(bench) if not _forward(a)}
+    bi, bj = flow.bwd_n.get(kn), flow.bwd_b.get(kb)
+    if bi is None or bj is None:
+        return
+    x, y = flow.pn[bi], flow.pb[bj]
+    if x < 0 or y < 0 or x == bj:
+        return
+    flow._set(bi, bj, y, x)
+
+
+def pair_dumps(npu_apis: Sequence[ApiRec], bench_apis: Sequence[ApiRec], fuzzy: bool = False
+               ) -> Tuple[List[Tuple[Optional[ApiRec], Optional[ApiRec]]], Pairing]:
+    """:func:`pair_apis` with the dataflow repair (:func:`repair_by_dataflow`), and its :class:`Pairing`."""
+    sn = [signature(a) for a in npu_apis]
+    sb = [signature(b) for b in bench_apis]
+    steps, report = repair_by_dataflow(npu_apis, bench_apis, sn, sb, align(sn, sb, fuzzy))
+    return [(npu_apis[i] if i is not None else None, bench_apis[j] if j is not None else None)
+            for i, j in steps], report

@@ -11,7 +11,8 @@ missing/unreadable/mismatched data file, a changed shape or dtype class) is ``Ac
 Not`` = ``"No"`` with ``_passed`` False and ``_unusable`` True, and its ``Err_message`` names the
 record or file. ``""`` (not compared) is left only for pairs with nothing to compare (empty tensors,
 bool tensors without statistics, NaN at the same places everywhere).
-``table.attrs``: ``summary_compare``, ``stack_mode``, ``rule``.
+``table.attrs``: ``summary_compare``, ``stack_mode``, ``rule``, ``pairing`` (``pairing.Pairing``: the
+calls the dataflow reordered, whether the dumps are different programs).
 
 Non-tensor arguments of paired calls are argument rows (``comparison/arguments.py``: ``_arg``,
 ``_arg_changed``); a call on one side only is classified (``comparison/code_path.py``:
@@ -44,7 +45,7 @@ from pytest_ptdbg.comparison import code_path as CP
 from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.binding import bind_apis
-from pytest_ptdbg.comparison.pairing import dtype_class, pair_apis
+from pytest_ptdbg.comparison.pairing import dtype_class, pair_dumps
 from pytest_ptdbg.comparison.rule import Rule
 from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, SUMMARY_COLUMNS, SUMMARY_DIFF_COLUMNS,
                                              CompareTable)
@@ -400,7 +401,7 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
     problems = problems if problems is not None else []
     bind_apis(npu.apis, npu.layout == "msprobe")
     bind_apis(bench.apis, bench.layout == "msprobe")
-    steps = pair_apis(npu.apis, bench.apis, fuzzy=fuzzy_match)
+    steps, pairing = pair_dumps(npu.apis, bench.apis, fuzzy=fuzzy_match)
     kinds = _code_paths(steps, summary)
     cols = [str(c) for c in (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS]
     rows = _Columns(cols)   # each finished row is one tuple (no dict per row kept)
@@ -496,7 +497,8 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
     # Python type as its numpy array (what pandas would infer from the list, without inferring)
     df = pd.DataFrame({c: _typed(data.pop(c)) for c in cols}, columns=cols) if n_rows \
         else pd.DataFrame({c: [] for c in cols})
-    df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule})
+    df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule,
+                     "pairing": pairing})
     CompareTable(df)   # the contract (comparison/schema.py): every column of its kind is there
     return df
 

@@ -90,6 +90,10 @@ class ApiRec:
     family: str = ""
     #: the operation it computes (``softmax`` for every spelling; ``comparison/binding.py``), "" until bound
     op: str = ""
+    #: the dataflow (forward calls of this project's dumps; the call spec's optional ``"src"``):
+    #: input slot -> (forward key of the recorded call that produced it, its output slot), e.g.
+    #: ``{"input.0": ("Functional_linear_3_forward", "output.0")}``; empty: not known
+    sources: Dict[str, Tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.family:
@@ -233,6 +237,8 @@ class _Builder:
         self.absent: List[str] = []
         #: shared objects for repeated values (dtypes, shapes, slots, extras); None: no sharing
         self.pool: Optional[Dict[Any, Any]] = {}
+        #: worth saying, fails nothing (a malformed dataflow field, ignored)
+        self.notes: List[str] = []
         self._root: Optional[str] = None   # realpath of data_dir, resolved once (for symlinks)
         if data_dir is not None:
             if os.path.isdir(data_dir):
@@ -299,7 +305,7 @@ class _Builder:
     def done(self, layout: str, mode: str) -> Dump:
         apis = list(self.apis.values())
         has = any(t.data_file for a in apis for t in a.tensors)
-        return Dump(self.source, self.data_dir, layout, mode, apis, self.problems, has)
+        return Dump(self.source, self.data_dir, layout, mode, apis, self.problems, has, notes=self.notes)
 
 
 def _is_regular(entry: "os.DirEntry") -> bool:
@@ -642,6 +648,10 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         t = TensorRec(name, api_key, io, p.index or (), p.direction, dtype, shape, stats, extra, lineno)
     a = b.apis.get(api_key) or b.api(api_key, p)
     _check_record(b, t, lineno)
+    if "call" in extra:
+        call = extra["call"]
+        if isinstance(call, dict) and "src" in call:
+            _read_sources(b, a, call["src"], lineno)
     if extra.get("ctx"):
         a.ctx = str(extra["ctx"])
     a.tensors.append(t)
@@ -660,6 +670,43 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         b.named += 1
         if b.files is None or (t.data_file is None and npy not in b.files):
             b.absent.append(npy)
+
+
+#: at most this many input slots of one call carry a source
+MAX_SOURCES = 4096
+
+
+def _source_problem(src: Any) -> str:
+    """Why a call spec's ``"src"`` is not ``{"input.N...": [forward key, "output.N..."], ...}``, or ``""``."""
+    if not isinstance(src, dict):
+        return f"it is {type(src).__name__}, not an object"
+    if len(src) > MAX_SOURCES:
+        return f"{len(src)} entries, more than {MAX_SOURCES}"
+    for slot, v in src.items():
+        if not slot.startswith("input.") or len(slot) > 200:
+            return f"slot {slot[:40]!r} is not an input slot"
+        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and isinstance(v[1], str)
+                and 0 < len(v[0]) <= 400 and v[1].startswith("output.") and len(v[1]) <= 200):
+            return f"the source of {slot[:40]} is not [forward key, output slot]: {str(v)[:60]}"
+    return ""
+
+
+def _read_sources(b: "_Builder", a: ApiRec, src: Any, lineno: int) -> None:
+    """``ApiRec.sources`` from a call spec's ``"src"`` (the dataflow, a hint for pairing): a
+    malformed one is ignored, noted (it fails nothing: pairing falls back to the call order)."""
+    why = _source_problem(src)
+    if why:
+        if len(b.notes) < MAX_LINE_PROBLEMS:
+            b.notes.append(f"{b.source}:{lineno}: call {a.key!r}: its dataflow (\"src\") is ignored: {why}")
+        return
+    if a.direction != records.FORWARD:
+        return
+    pool = b.pool
+    if pool is None:
+        a.sources = {slot: (v[0], v[1]) for slot, v in src.items()}
+    else:
+        a.sources = {pool.setdefault(slot, slot): (pool.setdefault(("s", v[0]), v[0]), pool.setdefault(v[1], v[1]))
+                     for slot, v in src.items()}
 
 
 def _check_record(b: "_Builder", t: TensorRec, lineno: int) -> None:

@@ -854,6 +854,10 @@ class DumpSink(Sink):
         self._keep_fwd_in = self.with_tensors and sel.keep_io("forward", "input")
         self._keep_fwd_out = self.with_tensors and sel.keep_io("forward", "output")
         self._keep_bwd = {"input": sel.keep_io("backward", "input"), "output": sel.keep_io("backward", "output")}
+        #: dataflow (the call spec's ``"src"``): id(tensor) -> (weak reference, ``[forward key, output
+        #: slot]`` as JSON) of each output of the step's recorded calls; the weak reference guards
+        #: against id reuse
+        self._made_by: Dict[int, Tuple[Any, str]] = {}
         self.writer.prepare()
 
     # -- records ---------------------------------------------------------------------------
@@ -1024,8 +1028,15 @@ class DumpSink(Sink):
                     spec = encode_call_json(args, kwargs, math_modes(args, kwargs))
                 except Exception as e:  # pragma: no cover - never let the spec break a run
                     spec = {"repr": f"unencodable call: {e}"}
+                items = list(args) + list(kwargs.values()) if kwargs else args
+                if self._made_by and type(spec) is str:
+                    try:
+                        src = _sources(self._made_by, items)
+                        if src:
+                            spec = spec[:-1] + ', "src": {' + src + "}}"
+                    except Exception as e:  # pragma: no cover - dict look-ups; a hint only
+                        report_internal_error("record sources", e, None, "this call's dataflow is not recorded")
                 if self._keep_fwd_in:
-                    items = list(args) + list(kwargs.values()) if kwargs else args
                     spec = self._records(call.forward_key, "input", items, call.ctx, lines, spec)
             if self.with_stack:
                 call.stack  # noqa: B018 - reading the property extracts the stack, while the frames are live
@@ -1045,11 +1056,16 @@ class DumpSink(Sink):
                 call.stack  # noqa: B018 - reading the property extracts the stack, while the frames are live
             return
         api = call.forward_key
+        out = call.output
+        if call.inplace and not _has_tensor(out) and call.args:
+            out = call.args[0]  # in-place collectives and the like return None/Work
+        items = list(out) if isinstance(out, (list, tuple)) and not hasattr(out, "shape") else (out,)
+        if self.with_tensors:
+            try:
+                _made(self._made_by, api, items)
+            except Exception as e:  # pragma: no cover - weak references of tensors; a hint only
+                report_internal_error("record sources", e, None, "later calls' dataflow may be missing")
         if self._keep_fwd_out:
-            out = call.output
-            if call.inplace and not _has_tensor(out) and call.args:
-                out = call.args[0]  # in-place collectives and the like return None/Work
-            items = list(out) if isinstance(out, (list, tuple)) and not hasattr(out, "shape") else (out,)
             self._records(api, "output", items, call.ctx, lines, spec, fresh)
         if self.with_stack:
             lines.append(self._stack_line(api, call.stack))
@@ -1180,6 +1196,52 @@ class DumpSink(Sink):
         self._write_pending()
         self.writer.close()
         self._bw_started.clear()
+        self._made_by.clear()
+
+
+#: at most this many outputs are remembered for the dataflow per step (then it starts again)
+MADE_BY_MAX = 1 << 20
+
+
+def _made(made_by: Dict[int, Tuple[Any, str]], api: str, items: Any, prefix: str = "output.") -> None:
+    """Remember ``api`` (a forward key) and the slot as the producer of each tensor in ``items``
+    (as the JSON text of ``[api, slot]``, written as it is into the consumers' call specs)."""
+    if len(made_by) >= MADE_BY_MAX:
+        made_by.clear()
+    if '"' in api or "\\" in api:  # pragma: no cover - API names are identifiers
+        head = _ENCODE(api)[:-1]
+    else:
+        head = '["' + api
+    for i, v in enumerate(items):
+        tv = type(v)
+        if tv is _Tensor or tv is _Param or isinstance(v, _Tensor):
+            try:
+                made_by[id(v)] = (_ref(v), f'{head}", "{prefix}{i}"]')
+            except TypeError:  # pragma: no cover - a tensor kind without weak references
+                pass
+        elif tv is list or tv is tuple:
+            _made(made_by, api, v, f"{prefix}{i}.")
+
+
+def _sources(made_by: Dict[int, Tuple[Any, str]], items: Any, prefix: str = "input.") -> str:
+    """The call spec's ``"src"`` entries as JSON text (``"input.0": [forward key, "output.0"], ...``;
+    ``""``: none): which recorded call made each tensor input (the same object it returned, still
+    alive; inputs made elsewhere are left out)."""
+    out = ""
+    get = made_by.get
+    for i, v in enumerate(items):
+        tv = type(v)
+        if tv is list or tv is tuple:
+            if v and len(v) <= 4096:
+                sub = _sources(made_by, v, f"{prefix}{i}.")
+                if sub:
+                    out = f"{out}, {sub}" if out else sub
+            continue
+        e = get(id(v))
+        if e is not None and e[0]() is v:
+            one = f'"{prefix}{i}": {e[1]}'
+            out = f"{out}, {one}" if out else one
+    return out
 
 
 def _one_stats(t: torch.Tensor, dname: str, shape: Tuple[int, ...]) -> TensorStats:

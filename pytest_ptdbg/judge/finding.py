@@ -27,6 +27,8 @@ class Cause(TextEnum):
     UNPAIRED = "call on one side only"
     STATISTICS = "own error by statistics"
     INPUTS_DIFFER = "inputs differ at the start"
+    #: the two dumps do not align (too few calls pair, their dataflow disagrees): no call is a cause
+    DIFFERENT_PROGRAMS = "different programs"
 
 
 class Evidence(TextEnum):
@@ -47,6 +49,7 @@ class FaultCategory(TextEnum):
     CODE_PATH = "code path differs"
     BY_STATISTICS = "own error by statistics"
     INPUTS_DIFFER = "inputs differ at the start"
+    DIFFERENT_PROGRAMS = "different programs"
 
 
 #: the compute dtypes (as recorded, and bare) of a reduced-precision kernel
@@ -92,7 +95,8 @@ class Finding:
     matches_dtype: str = ""
     #: changed arguments: each in the words of who compared it (``"eps: 1e-05 vs 0.001"``)
     changes: Tuple[str, ...] = ()
-    #: a one-sided value-changing call: why the compare calls it that
+    #: a one-sided value-changing call: why the compare calls it that; different programs: the
+    #: pairing's line (``comparison.pairing.Pairing.programs_text``)
     why: str = ""
     #: the tensor it shows in (inputs differ: the input's index; a NaN/Inf tensor: its name)
     tensor: str = ""
@@ -111,6 +115,8 @@ class Finding:
             text = f"only on the {_side_word(self.side)} side: {self.why}"
         elif c == Cause.UNPAIRED:
             text = f"only on the {_side_word(self.side)} side"
+        elif c == Cause.DIFFERENT_PROGRAMS:
+            text = self.why
         elif c == Cause.INPUTS_DIFFER:
             text = (f"{self.inputs_text} before any recorded call differed: the data, the initial "
                     "weights or the random state differ between the runs")
@@ -150,6 +156,8 @@ class Finding:
             return FaultCategory.BY_STATISTICS
         if c == Cause.INPUTS_DIFFER:
             return FaultCategory.INPUTS_DIFFER
+        if c == Cause.DIFFERENT_PROGRAMS:
+            return FaultCategory.DIFFERENT_PROGRAMS
         if self.matches_dtype in LOW_PRECISION or self.compute_dtype in LOW_PRECISION:
             return FaultCategory.REDUCED_PRECISION
         return FaultCategory.WRONG_FORMULA

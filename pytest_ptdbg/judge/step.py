@@ -23,6 +23,10 @@ A step fails (:func:`judge_step`) iff
     far more than its inputs' do and than its dtype's rounding explains (:func:`statistics_causes`;
     localisation is weaker, and the judgement says how to re-dump the suspects in full).
 
+When the two dumps are different programs (``comparison.pairing.Pairing.different_programs``: too
+few calls pair, or their dataflow disagrees), the step fails with one ``DIFFERENT_PROGRAMS`` finding
+and no call is named: a call on one side only is then no cause of anything.
+
 Root causes are ranked in execution order (the earliest first). The table is read through
 :class:`~pytest_ptdbg.comparison.schema.CompareTable` (validated once: every column is there).
 """
@@ -40,6 +44,7 @@ import pandas as pd
 
 from pytest_ptdbg.comparison import schema as S
 from pytest_ptdbg.comparison.code_path import BOOKKEEPING, VALUE_CHANGING
+from pytest_ptdbg.comparison.pairing import Pairing
 from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.comparison.stat_error import range_scaled
 from pytest_ptdbg.judge.finding import Cause, Evidence, Finding
@@ -86,7 +91,7 @@ class StepJudgement:
             lines.append(f"Judgement: FAILED ({len(self.root_causes)} root cause(s), "
                          f"{len(self.unusable)} unusable datum/data)")
         for r in self.root_causes[:10]:
-            lines.append(f"  - {r.api} [{r.cause}] {r.detail}")
+            lines.append(f"  - {r.api + ' ' if r.api else ''}[{r.cause}] {r.detail}")
         for u in self.unusable[:5]:
             lines.append(f"  - unusable: {u}")
         if self.replay is not None:
@@ -129,6 +134,11 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
     :class:`~pytest_ptdbg.judge.own_error.DumpJudgement` or None; ``statistics``: judge by
     statistics when there is no replay judgement."""
     t = CompareTable.of(table)
+    pairing = t.attrs.get("pairing")
+    if isinstance(pairing, Pairing) and pairing.different_programs:
+        # nothing pairs call by call: one finding says so, instead of every one-sided call
+        rc = Finding("", "", Cause.DIFFERENT_PROGRAMS, Evidence.TABLE, why=pairing.programs_text)
+        return StepJudgement(passes(root_causes=[rc]), [rc], list(problems), replay)
     n = len(t)
     apis, direction, family, ctx = t[S.API], t[S.DIRECTION], t[S.FAMILY], t[S.CTX]
     order, paired, unusable, arg_changed = t[S.ORDER], t[S.PAIRED], t[S.UNUSABLE], t[S.ARG_CHANGED]

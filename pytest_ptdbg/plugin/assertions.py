@@ -342,7 +342,7 @@ def failure_message(ev: Evaluation, result: Any) -> str:
         lines.append(f"precision check failed{who}: {len(ev.root_causes)} root cause(s) found by the "
                      f"judgement ({how})")
         for rc in ev.root_causes[:5]:
-            lines.append(f"  - {rc.api} [{rc.cause.value}] {rc.detail}")
+            lines.append(f"  - {rc.api + ' ' if rc.api else ''}[{rc.cause.value}] {rc.detail}")
     else:
         lines.append(f"precision check failed{who}: {ev.n_failed} tensor(s) out of tolerance under "
                      f"the {s.rule} rule")
@@ -358,6 +358,8 @@ def failure_message(ev: Evaluation, result: Any) -> str:
         err = first.error_text()   # only what is known
         if err:
             lines.append(f"  {err}")
+    elif getattr(ev.advice, "programs", ""):
+        lines.append(f"first suspect: none: {ev.advice.programs}")
     else:
         lines.append("first suspect: none named by the advisor (see the CSV)")
     if ev.worst:

@@ -110,9 +110,9 @@ def golden_lines(pkl: str, keys: Dict[str, str]) -> FreshDump:
         if name.direction == records.FORWARD and api not in seen_call:
             seen_call.add(api)
             call = extra.get("call")
-            if isinstance(call, dict) and ("strides" in call or "modes" in call):
-                # the inputs' layout and the math modes are not arguments
-                call = {k: v for k, v in call.items() if k not in ("strides", "modes")}
+            if isinstance(call, dict) and ("strides" in call or "modes" in call or "src" in call):
+                # the inputs' layout, the math modes and the dataflow are not arguments
+                call = {k: v for k, v in call.items() if k not in ("strides", "modes", "src")}
             lines.append({"k": key, "call": _clean(call) if isinstance(call, dict) else None})
         idx = ".".join(str(i) for i in (name.index or ()))
         line: Dict[str, Any] = {
