@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from pytest_ptdbg.runtime.operations import COMMUTATIVE
+
 if TYPE_CHECKING:
     from pytest_ptdbg.dump.reader import ApiRec
 
@@ -98,9 +100,26 @@ def signature(api: ApiRec) -> ApiSig:
     Records of Python number arguments (``int``/``float`` dtype, shape []) are not part of the
     structure: an extra or missing non-tensor argument (``_stacklevel=3``, an explicit default)
     never unpairs a call nor weakens its pair; the table compares arguments by name instead."""
-    st = tuple(sorted((t.param or t.slot, dtype_class(t.dtype), tuple(t.shape)) for t in api.tensors
-                      if not (tuple(t.shape) == () and not str(t.dtype).startswith("torch."))))
-    return ApiSig(api.op or api.family, api.direction, api.call_index, st)
+    st = [(t.param or t.slot, dtype_class(t.dtype), tuple(t.shape)) for t in api.tensors
+          if not (tuple(t.shape) == () and not str(t.dtype).startswith("torch."))]
+    if api.op in COMMUTATIVE:
+        st = _operands_unordered(st)
+    return ApiSig(api.op or api.family, api.direction, api.call_index, tuple(sorted(st)))
+
+
+#: a commutative call's operands (and their gradients), named by their order in the structure
+_OPERANDS = {"input.input": "input", "input.other": "input", "output.input": "output", "output.other": "output"}
+
+
+def _operands_unordered(st: List[Tuple[str, str, Tuple[int, ...]]]) -> List[Tuple[str, str, Tuple[int, ...]]]:
+    """``x + a`` and ``a + x`` have one structure: a commutative call's two operands are named by
+    their (dtype class, shape) order, not by which was ``input`` (``comparison/operands.py`` pairs
+    their rows)."""
+    out = [e for e in st if e[0] not in _OPERANDS]
+    for io in ("input", "output"):
+        ops = sorted((c, sh) for s, c, sh in st if _OPERANDS.get(s) == io)
+        out += [(f"{io}.operand{k}", c, sh) for k, (c, sh) in enumerate(ops)]
+    return out
 
 
 def compatible(a: ApiSig, b: ApiSig) -> bool:

@@ -45,6 +45,7 @@ from pytest_ptdbg.comparison import code_path as CP
 from pytest_ptdbg.comparison import metrics as M
 from pytest_ptdbg.comparison import verdict as V
 from pytest_ptdbg.comparison.binding import bind_apis
+from pytest_ptdbg.comparison.operands import cross_operands
 from pytest_ptdbg.comparison.pairing import dtype_class, pair_dumps
 from pytest_ptdbg.comparison.rule import Rule
 from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, SUMMARY_COLUMNS, SUMMARY_DIFF_COLUMNS,
@@ -150,9 +151,13 @@ def _compare_job(nt: _Saved, bt: _Saved, tol: _Tol) -> Tuple[Optional[M.PairMetr
 
 
 def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec],
-                  skip: Callable[[TensorRec], bool] = lambda t: False) -> List[_Pair]:
+                  skip: Callable[[TensorRec], bool] = lambda t: False,
+                  skip_bench: Optional[Callable[[TensorRec], bool]] = None) -> List[_Pair]:
+    """The tensor records of two paired calls, paired by their bound slot (``TensorRec.param``);
+    ``skip`` leaves records out (``skip_bench`` on the bench side, when it differs)."""
+    skip_b = skip if skip_bench is None else skip_bench
     nts = [t for t in na.tensors if not skip(t)] if na else []
-    bts = [t for t in ba.tensors if not skip(t)] if ba else []
+    bts = [t for t in ba.tensors if not skip_b(t)] if ba else []
     by_slot = {t.param or t.slot: t for t in bts}
     used = set()
     out: List[_Pair] = []
@@ -173,11 +178,11 @@ def _either(nt: Optional[TensorRec], bt: Optional[TensorRec]) -> TensorRec:
     return t
 
 
-def _not_left_over(npu_key: str, used_n: Set[str], used_b: Set[str]) -> Callable[[TensorRec], bool]:
-    """The records to skip when pairing the scalar records the call specs left over: tensors, and
-    the scalar records whose slots an argument row stands for (``used_n``: NPU side, ``used_b``: bench)."""
+def _not_left_over(used: Set[str]) -> Callable[[TensorRec], bool]:
+    """Skips all but the scalar records the call specs do not account for: ``used`` holds the
+    record slots an argument row stands for, on one side."""
     def skip(t: TensorRec) -> bool:
-        return not A.is_scalar_record(t) or t.slot in (used_n if t.api == npu_key else used_b)
+        return not A.is_scalar_record(t) or t.slot in used
     return skip
 
 
@@ -402,6 +407,7 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
     bind_apis(npu.apis, npu.layout == "msprobe")
     bind_apis(bench.apis, bench.layout == "msprobe")
     steps, pairing = pair_dumps(npu.apis, bench.apis, fuzzy=fuzzy_match)
+    cross_operands(steps)   # x + a against a + x: operands' rows pair x with x
     kinds = _code_paths(steps, summary)
     cols = [str(c) for c in (SUMMARY_COLUMNS if summary else FULL_COLUMNS) + INTERNAL_COLUMNS]
     rows = _Columns(cols)   # each finished row is one tuple (no dict per row kept)
@@ -422,7 +428,7 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
             pairs = _pair_tensors(na, ba, A.is_scalar_record)
             arg_rows, used_n, used_b = _arg_rows(leaves, na, ba, stack, summary, rule, th)
             # scalar records the call specs do not account for: compared slot by slot
-            pairs += _pair_tensors(na, ba, _not_left_over(na.key, used_n, used_b))
+            pairs += _pair_tensors(na, ba, _not_left_over(used_n), _not_left_over(used_b))
         else:
             pairs = _pair_tensors(na, ba)
         n_inputs = sum(1 for nt, bt in pairs if _either(nt, bt).io == "input") if arg_rows else 0

@@ -459,6 +459,14 @@ def _judge_call(fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Opt
     return vs
 
 
+def _same_tensor_slots(fwd: reader.ApiRec, bench_fwd: reader.ApiRec) -> bool:
+    """Each input record slot holds the same parameter on both sides (``F.linear(x, w, b)`` against
+    ``F.linear(x, bias=b, weight=w)``: ``input.1`` is ``weight`` on one side, ``bias`` on the other),
+    so the bench's call spec can take the device's tensors slot for slot."""
+    mine = {t.slot: t.param for t in fwd.tensors if t.io == "input" and t.param}
+    return all(mine.get(t.slot, t.param) == t.param for t in bench_fwd.tensors if t.io == "input" and t.param)
+
+
 def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], bench_fwd: Optional[reader.ApiRec],
                  dev: Any, factor: float, seen: Collection[str] = ()) -> List[CallVerdict]:
     from pytest_ptdbg.replayer.allocation import guard_arrays
@@ -488,7 +496,7 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
     use, changed, lowered, from_bench = spec, [], [], False
     bspec = _call_spec(bench_fwd)
     if (bspec is not None and bench_fwd is not None and bench_fwd.family == fwd.family
-            and set(_tensor_refs(bspec)) <= set(call.arrays)):
+            and set(_tensor_refs(bspec)) <= set(call.arrays) and _same_tensor_slots(fwd, bench_fwd)):
         from pytest_ptdbg.replayer.arguments import with_own_precision
 
         lowered = lowered_precision(spec, bspec, seen)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from pytest_ptdbg.runtime.torch_aliases import ALIASES
 
 __all__ = ["Operation", "Param", "Signature", "Bound", "NO_DEFAULT", "operation", "signatures", "bind",
-           "TYPED_FAMILIES", "derive_aliases"]
+           "TYPED_FAMILIES", "COMMUTATIVE", "derive_aliases"]
 
 #: API types whose names are their own namespace (never merged with torch's operations)
 TYPED_FAMILIES = frozenset({"Distributed", "NPU"})
@@ -62,6 +62,13 @@ DUNDERS: Dict[str, Tuple[str, bool]] = {
     "__neg__": ("neg", False), "__pos__": ("positive", False), "__abs__": ("abs", False),
     "__invert__": ("bitwise_not", False),
 }
+
+#: operations whose two operands (``input``, ``other``) can be exchanged without changing a bit of
+#: the result (IEEE addition and multiplication commute; ``add`` only with ``alpha`` 1)
+COMMUTATIVE = frozenset({
+    "add", "mul", "maximum", "minimum", "fmax", "fmin", "hypot", "eq", "ne", "logical_and", "logical_or",
+    "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
+})
 
 _ALIAS_DOC = re.compile(r"Alias (?:for|of) :(?:func|meth):`(?:torch\.(?:nn\.functional\.)?)?([A-Za-z_]\w*)`")
 _SEE_DOC = re.compile(r"See :func:`torch\.([A-Za-z_]\w*)`")

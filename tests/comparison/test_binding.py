@@ -101,3 +101,68 @@ def test_a_kernel_fault_under_other_spellings_is_named(dump_step, compare_pair):
     assert not r.passed
     assert _unpaired(r).empty
     assert r.first_suspect is not None and r.first_suspect.api == "Tensor_softmax_0_forward", r.first_suspect
+
+
+def test_numbers_passed_as_one_keyword_list_or_one_by_one_are_the_same_argument(dump_step, compare_pair):
+    """``x.view(size=(2, 3, 4))`` records ``input.1.0..2``; ``x.view(2, 3, 4)`` records ``input.1..3``:
+    one argument row per number, and no record left on one side (both calls have the key
+    ``Tensor_view_0_forward``: each side's records are accounted for on their own side)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 12, requires_grad=True)
+    npu = dump_step("npu", lambda: x.view(size=(2, 3, 4)).reshape(shape=(6, 4)).sum().backward())
+    bench = dump_step("bench", lambda: x.view(2, 3, 4).reshape(6, 4).sum().backward())
+    r = compare_pair(npu, bench)
+    t = r.table
+    assert not (~t[S.PAIRED]).any(), t.loc[~t[S.PAIRED], S.BENCH_NAME].tolist()
+    size = t[t[S.ARG] == "size"]
+    assert list(size[S.NPU_NAME]) == [f"Tensor_view_0_forward_input.1.{i}" for i in range(3)]
+    assert list(size[S.BENCH_NAME]) == [f"Tensor_view_0_forward_input.{i}" for i in (1, 2, 3)]
+    assert r.passed
+
+
+def test_the_replay_takes_the_bench_arguments_only_where_each_slot_holds_the_same_parameter(dump_step, compare_pair):
+    """``F.linear(x, bias=b, weight=w)`` records ``input.1`` = bias; ``F.linear(x, w, b)`` records
+    ``input.1`` = weight: the bench's call spec would hand the device's bias in as the weight, so the
+    judgement replays the device call with its own arguments (and judges it)."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 8), torch.randn(4, 8), torch.randn(4)
+    for v in (x, w, b):
+        v.requires_grad_(True)
+    npu = dump_step("npu", lambda: F.linear(x, bias=b, weight=w).tanh().sum().backward())
+    bench = dump_step("bench", lambda: F.linear(x, w, b).tanh().sum().backward())
+    r = compare_pair(npu, bench)
+    assert r.passed
+    by_key = {v.key: v for v in r.judgement.replay.verdicts}
+    linear, tanh = by_key["Functional_linear_0_forward"], by_key["Tensor_tanh_0_forward"]
+    assert linear.status == tanh.status == "within budget"
+    assert linear.bench_arguments is False and tanh.bench_arguments is True
+
+
+def test_a_commutative_call_with_its_operands_the_other_way_round_pairs_operand_with_operand(dump_step,
+                                                                                             compare_pair):
+    """``h + x + b`` against ``b + (x + h)``: the same bits; each operand's rows (and its gradient's)
+    compare it with itself, for operands of one shape (by dataflow and values) and of two (by shape)."""
+    torch.manual_seed(0)
+    w, x, b = torch.randn(4, 4), torch.randn(3, 4), torch.randn(4)
+    for v in (w, x, b):
+        v.requires_grad_(True)
+    npu = dump_step("npu", lambda: ((x @ w) + x + b).tanh().sum().backward())
+    bench = dump_step("bench", lambda: (b + (x + (x @ w))).tanh().sum().backward())
+    r = compare_pair(npu, bench)
+    t = r.table
+    assert t[S.PAIRED].all() and t[S.PASSED].all(), t.loc[~t[S.PASSED], [S.NPU_NAME, S.ERR_MESSAGE]]
+    assert r.passed
+    rows = dict(zip(t[S.NPU_NAME], t[S.BENCH_NAME]))
+    assert rows["Tensor_add_0_forward_input.0"] == "Tensor_add_0_forward_input.1"
+    assert rows["Tensor_add_1_backward_output.1"] == "Tensor_add_1_backward_output.0"
+
+
+def test_operands_of_a_call_that_does_not_commute_are_never_crossed(dump_step, compare_pair):
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    npu = dump_step("npu", lambda: (y - x).sum())
+    bench = dump_step("bench", lambda: (x - y).sum())
+    r = compare_pair(npu, bench)
+    assert not r.passed
+    rows = dict(zip(r.table[S.NPU_NAME], r.table[S.BENCH_NAME]))
+    assert rows["Tensor_sub_0_forward_input.0"] == "Tensor_sub_0_forward_input.0"
