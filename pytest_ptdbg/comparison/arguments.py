@@ -456,3 +456,34 @@ def name_sep(api_key: str) -> str:
     """The separator of a record name after the API key: ``_`` (ptdbg) or ``.`` (msprobe)."""
     return "." if api_key.endswith((".forward", ".backward")) else "_"
 
+
+
+def _plain_value(v: Any) -> Any:
+    """A normalised argument value as JSON data: tuples as lists, tagged values as ``{kind: text}``."""
+    if isinstance(v, tuple):
+        return [_plain_value(x) for x in v]
+    if isinstance(v, _Tag):
+        return {v.kind: v.text}
+    return v
+
+
+def bound_arguments(api: ApiRec, kw_named: bool = False) -> Optional[Dict[str, Any]]:
+    """The non-tensor arguments of one forward call in their bound form, as JSON data: every
+    parameter of the API's signature by name, defaults filled (an omitted ``eps`` is ``1e-05``),
+    dimensions normalised modulo the input's rank, and without what never changes the numbers:
+    the :data:`IGNORED` parameters, devices, ``None`` (equal to an omitted parameter) and the tensors
+    (those are the call's tensor records). None when the call has no spec or it fits nothing."""
+    spec = call_spec(api)
+    if spec is None:
+        return None
+    try:
+        params = _params(api, spec, kw_named)
+    except Exception:  # a malformed spec: no bound form
+        return None
+    out: Dict[str, Any] = {}
+    for name, p in params.items():
+        v = p.value
+        if name in IGNORED or v is MISSING or v is None or v is _IGNORED_VALUE or _has_tensor(v):
+            continue
+        out[name] = _plain_value(v)
+    return out

@@ -1,9 +1,12 @@
-"""Stable call keys for goldens: ``module path/API#index within that module``.
+"""Stable call keys for goldens: ``module path/operation#index within that module``.
 
 The dump names a call by its API and its index in the whole step (``Functional_linear_3``), so
 one layer added in front renumbers every later call. A golden names it by the module whose
-``forward`` made it and the index among that module's own calls of that API
-(``model.blocks.1.attn/Functional_softmax#0``): an added layer adds keys, it renames none.
+``forward`` made it, the operation it computes (``runtime/operations.py``: ``F.softmax``,
+``torch.softmax`` and ``x.softmax`` are all ``softmax``; ``x + y`` and ``torch.add`` are ``add``)
+and the index among that module's own calls of that operation
+(``model.blocks.1.attn/softmax#0``): an added layer adds keys, it renames none, and another
+spelling of the same call keeps its key.
 Calls made outside the model (the loss in the step function) are under ``step``, the
 optimizer's under ``optimizer``.
 
@@ -20,6 +23,7 @@ from torch.utils.hooks import RemovableHandle
 
 from pytest_ptdbg.capture.sink import ApiCall, Sink
 from pytest_ptdbg.format import records
+from pytest_ptdbg.runtime.operations import operation
 
 if TYPE_CHECKING:
     from pytest_ptdbg.debugger import PrecisionDebugger
@@ -29,9 +33,9 @@ OUTSIDE = "step"
 OPTIMIZER = "optimizer"
 
 
-def stable_key(path: str, family: str, index: int) -> str:
-    """``{module path}/{Type_api}#{index}``."""
-    return f"{path}/{family}#{index}"
+def stable_key(path: str, op: str, index: int) -> str:
+    """``{module path}/{operation}#{index}``."""
+    return f"{path}/{op}#{index}"
 
 
 class CallKeys(Sink):
@@ -77,9 +81,10 @@ class CallKeys(Sink):
         else:
             path = self.stack[-1] if self.stack else OUTSIDE
         family = f"{call.api_type}_{call.api_name}"
-        n = self._counts.get((path, family), 0)
-        self._counts[(path, family)] = n + 1
-        self.keys[f"{family}_{call.index}"] = stable_key(path, family, n)
+        op = operation(call.api_type, call.api_name).name
+        n = self._counts.get((path, op), 0)
+        self._counts[(path, op)] = n + 1
+        self.keys[f"{family}_{call.index}"] = stable_key(path, op, n)
         return False
 
 

@@ -5,14 +5,31 @@ stem}/{test name}.golden.jsonl`` (``TestClass.test_x-param`` for a method with a
 id; ``.call1`` and up for the later ``ptdbg_dump`` calls of one test). With ``--ptdbg-golden=DIR``
 (ini ``ptdbg_golden``) under ``DIR/{test file path without .py}/`` instead.
 
-What (``render``/``parse``): UTF-8 text, one JSON object per line, no timestamps,
-so that an unchanged model gives the same bytes. The first line is the header
-(``{"format": "pytest-ptdbg golden", "version": 1, "nodeid": ..., "call": n, "mode": ...}``), keys in a fixed order,
-then one line per recorded call (``{"k": key, "call": {args, kwargs}}``: the non-tensor
-arguments, tensors as ``{"t": "input.0"}``) and one per tensor (``{"k": key, "t":
-"forward.input.0", "dtype": ..., "shape": [...], "stats": [max, min, mean, l2norm]}``, statistics
-rounded to 6 significant digits, ``"nonfinite": [nan, inf]`` when there are any). ``key`` is the
-stable call key of ``callkeys.py``. No torch here.
+What (``render``/``parse``): UTF-8 text, one JSON object per line, no timestamps, so that an
+unchanged model gives the same bytes. The first line is the header (``{"format": "pytest-ptdbg
+golden", "version": 2, "nodeid": ..., "call": n, "mode": ..., "device": ...}``), keys in a fixed
+order, then one line per recorded call, in the order the step made them::
+
+    {"k": "model.ln/layer_norm#0", "api": "Functional_layer_norm",
+     "args": {"normalized_shape": [16], "eps": 1e-05},
+     "forward": {"input.input": "@forward.output.0 model.fc1/linear#0",
+                 "input.weight": ["float32", [16], [1, 1, 1, 4]], "output.0": [...]},
+     "backward": {"input.0": [...], "output.weight": [...], "output.bias": [...]}}
+
+``k`` is the call's identity: the stable key of ``callkeys.py`` (module path / operation # index
+within the module); ``api`` the API as recorded (shown, never compared); ``args`` its non-tensor
+arguments in their bound form (``comparison/arguments.bound_arguments``: by parameter name,
+defaults filled, negative dims normalised, ignored parameters, devices and None left out; floats
+to 7 significant digits); absent when the call could not be bound. ``forward``/``backward``: its
+tensors by bound slot (``comparison/binding.py``: ``input.weight``; a backward gradient of an
+input is ``output.weight``), each ``[dtype, shape, [max, min, mean, l2norm]]`` (``[..., [nan,
+inf]]`` when there are any) at the digits the dtype's tolerance needs (:data:`STAT_DIGITS`
+significant digits of max, min and the norm; the mean to the same decimal place as the larger
+of max and min), or ``"@{direction}.{slot} {key}"``: the same values as that earlier entry (an
+input that is an earlier call's output, passed on unchanged), so that a change of numbers
+rewrites the lines of the calls whose own values change, not every line after them.
+Version 1 goldens (one line per tensor, keyed by the recorded API) are not read: they fail
+naming ``--ptdbg-update``. No torch here.
 """
 from __future__ import annotations
 
@@ -22,7 +39,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Set
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from pytest_ptdbg.errors import GoldenError
 from pytest_ptdbg.runtime.text import TextEnum
@@ -45,9 +62,15 @@ SUMMARY_STATUSES = (GoldenStatus.CREATED, GoldenStatus.UPDATED, GoldenStatus.UNC
 FOLDER = "__ptdbg__"
 SUFFIX = ".golden.jsonl"
 FORMAT = "pytest-ptdbg golden"
-VERSION = 1
-#: significant digits kept of every statistic
-DIGITS = 6
+VERSION = 2
+#: significant digits kept of a Python float argument
+DIGITS = 7
+#: significant digits kept of a tensor's statistics, by dtype: a rounding at most a tenth of the
+#: golden's drift allowance (``golden_check.DRIFT_TOL``) for that dtype; integers stay exact
+STAT_DIGITS = {"float64": 11, "float32": 5, "float16": 5, "bfloat16": 4}
+#: the direction members of a call line
+DIRECTIONS = ("forward", "backward")
+REF = "@"
 #: the largest golden file read (a golden is a few hundred KB at most)
 MAX_BYTES = 64 * 1024 * 1024
 _UNSAFE = re.compile(r"[^A-Za-z0-9._\-=+,]")
@@ -103,8 +126,8 @@ def golden_path(nodeid: str, call_index: int, rootdir: str, root: Optional[str] 
 
 # ------------------------------------------------------------------------------ text
 
-def round_stat(value: Any) -> Any:
-    """A statistic as the golden keeps it: 6 significant digits; NaN/Inf as strings."""
+def round_stat(value: Any, digits: int = DIGITS) -> Any:
+    """A number as the golden keeps it: ``digits`` significant digits; NaN/Inf as strings."""
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
@@ -117,8 +140,25 @@ def round_stat(value: Any) -> Any:
         return "nan"
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
-    r = float(f"{v:.{DIGITS}g}")
+    r = float(f"{v:.{digits}g}")
     return 0.0 if r == 0 else r
+
+
+def round_stats(stats: Sequence[Any], dtype: str) -> List[Any]:
+    """max, min, mean, l2norm of a tensor of ``dtype`` at the digits its tolerance needs
+    (:data:`STAT_DIGITS`): max, min and the norm to that many significant digits, the mean to
+    the decimal place of the larger of max and min (a mean near zero is not more exact than
+    the values it averages). Integer statistics stay exact."""
+    digits = STAT_DIGITS.get(dtype, DIGITS)
+    out = [round_stat(v, digits) for v in stats]
+    if len(out) >= 3 and not isinstance(out[2], (str, bool)) and out[2] is not None:
+        ends = [abs(v) for v in out[:2] if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        scale = max(ends or [0.0])
+        if scale > 0 and math.isfinite(scale) and isinstance(out[2], float):
+            places = digits - 1 - math.floor(math.log10(scale))
+            r = float(f"{round(out[2], places):.{digits}g}")
+            out[2] = 0.0 if r == 0 else r
+    return out
 
 
 def stat_value(value: Any) -> float:
@@ -135,17 +175,68 @@ def encode(obj: Dict[str, Any]) -> str:
                       allow_nan=False)
 
 
+def key_op(key: str) -> str:
+    """The operation of a stable key (``model.ln/layer_norm#0`` -> ``layer_norm``)."""
+    return key.rsplit("/", 1)[-1].rsplit("#", 1)[0]
+
+
+def key_module(key: str) -> str:
+    """The module path of a stable key (``model.ln/layer_norm#0`` -> ``model.ln``)."""
+    return key.rsplit("/", 1)[0] if "/" in key else ""
+
+
+def key_name(key: str) -> str:
+    """A stable key without its module path (``layer_norm#0``)."""
+    return key.rsplit("/", 1)[-1]
+
+
+@dataclass
+class Call:
+    """One call of a golden (or of a fresh run read for one), references resolved.
+
+    ``tensors``: ``{"forward.input.weight": {"dtype", "shape", "stats"[, "nonfinite"]}}``."""
+
+    key: str
+    api: str
+    args: Optional[Dict[str, Any]]
+    tensors: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    line: int = 0
+
+    @property
+    def op(self) -> str:
+        return key_op(self.key)
+
+    @property
+    def module(self) -> str:
+        return key_module(self.key)
+
+
 @dataclass
 class Golden:
-    """A parsed golden: its header and its call/tensor lines, in recorded order."""
+    """A parsed golden: its header, its call lines as written, and its calls (references resolved)."""
 
     path: str
     header: Dict[str, Any]
     lines: List[Dict[str, Any]] = field(default_factory=list)
+    calls: List[Call] = field(default_factory=list)
 
     @property
     def nodeid(self) -> str:
         return str(self.header.get("nodeid", ""))
+
+
+def tensor_entry(dtype: str, shape: Sequence[int], stats: Sequence[Any],
+                 nonfinite: Optional[Sequence[int]] = None) -> List[Any]:
+    """A tensor as a call line holds it: ``[dtype, shape, stats]`` (``+ [nan, inf]``)."""
+    out: List[Any] = [dtype, list(shape), list(stats)]
+    if nonfinite and any(nonfinite):
+        out.append(list(nonfinite))
+    return out
+
+
+def reference(t: str, key: str) -> str:
+    """An entry that holds the same values as entry ``t`` of call ``key``."""
+    return f"{REF}{t} {key}"
 
 
 def header(nodeid: str, call: int, mode: str, device: str) -> Dict[str, Any]:
@@ -187,34 +278,94 @@ def _stat_problem(value: Any) -> str:
     return ""
 
 
-def _line_problem(obj: Dict[str, Any]) -> str:
-    """What is wrong with one call or tensor line ("" when nothing)."""
-    if not isinstance(obj.get("k"), str) or not ("call" in obj or isinstance(obj.get("t"), str)):
-        return "a golden line needs 'k' and 'call' or 't'"
-    if "t" not in obj:
-        return "" if obj.get("call") is None or isinstance(obj.get("call"), dict) else \
-            "'call' must be an object or null"
-    if not (isinstance(obj.get("stats"), list) and isinstance(obj.get("shape"), list)):
-        return "a tensor line needs 'stats' and 'shape' lists"
-    if not isinstance(obj.get("dtype", ""), str):
-        return "'dtype' must be a string"
-    if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in obj["shape"]):
-        return f"'shape' {json.dumps(obj['shape'])[:60]} is not a list of sizes"
-    for i, value in enumerate(obj["stats"]):
+def _entry_problem(t: str, entry: Any) -> str:
+    """What is wrong with one tensor entry ("" when nothing)."""
+    if isinstance(entry, str):
+        ref_t, sep, ref_k = entry[len(REF):].partition(" ")
+        if not entry.startswith(REF) or not sep or not ref_k or "." not in ref_t:
+            return f"tensor {t}: a reference is '@direction.slot key', not {entry[:60]!r}"
+        return ""
+    if not (isinstance(entry, list) and len(entry) in (3, 4)):
+        return f"tensor {t}: expected [dtype, shape, stats] or a reference"
+    dtype, shape, stats = entry[:3]
+    if not isinstance(dtype, str):
+        return f"tensor {t}: 'dtype' must be a string"
+    if not isinstance(shape, list) or any(isinstance(x, bool) or not isinstance(x, int) or x < 0
+                                          for x in shape):
+        return f"tensor {t}: 'shape' {json.dumps(shape)[:60]} is not a list of sizes"
+    if not isinstance(stats, list):
+        return f"tensor {t}: 'stats' must be a list"
+    for i, value in enumerate(stats):
         why = _stat_problem(value)
         if why:
-            return f"statistic {i} of {obj['t']}: {why}"
-    nonfinite = obj.get("nonfinite")
-    if nonfinite is not None and not (isinstance(nonfinite, list) and len(nonfinite) == 2 and all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in nonfinite)):
-        return "'nonfinite' must be two counts [nan, inf]"
+            return f"statistic {i} of {t}: {why}"
+    if len(entry) == 4:
+        nonfinite = entry[3]
+        if not (isinstance(nonfinite, list) and len(nonfinite) == 2 and all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in nonfinite)):
+            return f"tensor {t}: NaN/Inf counts must be two counts [nan, inf]"
     return ""
+
+
+def _line_problem(obj: Dict[str, Any]) -> str:
+    """What is wrong with one call line ("" when nothing)."""
+    if not isinstance(obj.get("k"), str) or not isinstance(obj.get("api", ""), str):
+        return "a golden call line needs 'k' (and 'api') strings"
+    if obj.get("args") is not None and not isinstance(obj.get("args"), dict):
+        return "'args' must be an object or null"
+    extra = set(obj) - {"k", "api", "args", *DIRECTIONS}
+    if extra:
+        return f"unknown member {sorted(extra)[0]!r} (a version {VERSION} call line)"
+    for direction in DIRECTIONS:
+        tensors = obj.get(direction, {})
+        if not isinstance(tensors, dict):
+            return f"'{direction}' must be an object"
+        for slot, entry in tensors.items():
+            why = _entry_problem(f"{direction}.{slot}", entry)
+            if why:
+                return why
+    return ""
+
+
+def _entry(raw: List[Any]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"dtype": raw[0], "shape": list(raw[1]), "stats": list(raw[2])}
+    if len(raw) == 4 and any(raw[3]):
+        out["nonfinite"] = list(raw[3])
+    return out
+
+
+def resolve(lines: List[Dict[str, Any]], path: str = "", first_line: int = 2) -> List[Call]:
+    """The calls of call lines, every reference replaced by the entry it names (GoldenError,
+    naming ``path:line``, for a reference to nothing)."""
+    calls: List[Call] = []
+    concrete: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    refs: List[Tuple[Call, str, str, int]] = []
+    for n, obj in enumerate(lines, first_line):
+        call = Call(obj["k"], str(obj.get("api", "")), obj.get("args"), {}, n)
+        for direction in DIRECTIONS:
+            for slot, entry in (obj.get(direction) or {}).items():
+                t = f"{direction}.{slot}"
+                if isinstance(entry, str):
+                    refs.append((call, t, entry, n))
+                    call.tensors[t] = {}
+                else:
+                    call.tensors[t] = concrete[(call.key, t)] = _entry(entry)
+        calls.append(call)
+    for call, t, entry, n in refs:
+        ref_t, _, ref_k = entry[len(REF):].partition(" ")
+        target = concrete.get((ref_k, ref_t))
+        if target is None:
+            raise GoldenError(f"{path}:{n}: tensor {t} of {call.key} refers to {ref_t} of {ref_k}, "
+                              f"which the golden does not hold")
+        call.tensors[t] = dict(target)
+    return calls
 
 
 def parse(text: str, path: str) -> Golden:
     """A golden's text; GoldenError names ``path:line`` for anything it cannot use: a line that is
-    not one JSON object, a member given twice, a record given twice, a statistic that is not a
-    number (NaN/Inf only as the strings the golden writes)."""
+    not one JSON object, a member given twice, a call given twice, a statistic that is not a
+    number (NaN/Inf only as the strings the golden writes), a reference to nothing, a golden of
+    another format version (version 1: rewrite it with ``--ptdbg-update``)."""
     # lines end at "\n" only: a module name may hold U+2028, U+2029 or U+0085, which
     # str.splitlines() would also split at (json.dumps keeps them raw with ensure_ascii=False)
     rows = text.split("\n")
@@ -232,23 +383,26 @@ def parse(text: str, path: str) -> Golden:
             raise GoldenError(f"{path}:{n}: not a JSON line ({exc})") from None
         if not isinstance(obj, dict):
             raise GoldenError(f"{path}:{n}: expected a JSON object")
+        if n == 1:
+            if obj.get("format") == FORMAT and obj.get("version") != VERSION and "nodeid" in obj:
+                raise GoldenError(
+                    f"{path}:1: a golden of format version {obj.get('version')!r}; this "
+                    f"pytest-ptdbg reads version {VERSION} (calls keyed by what they compute, "
+                    f"one line per call): re-create it from a run you trust with --ptdbg-update")
+            if obj.get("format") != FORMAT or "nodeid" not in obj:
+                raise GoldenError(f"{path}:1: not a pytest-ptdbg golden header (format {FORMAT!r}, "
+                                  f"version {VERSION}, nodeid)")
         out.append(obj)
-    head = out[0]
-    if head.get("format") != FORMAT or head.get("version") != VERSION or "nodeid" not in head:
-        raise GoldenError(f"{path}:1: not a pytest-ptdbg golden header (format {FORMAT!r}, "
-                          f"version {VERSION}, nodeid)")
-    seen: Dict[Any, int] = {}
+    seen: Dict[str, int] = {}
     for n, obj in enumerate(out[1:], 2):
         why = _line_problem(obj)
         if why:
             raise GoldenError(f"{path}:{n}: {why}")
-        ident = (obj["k"], obj.get("t"))
-        if ident in seen:
-            what = f"tensor {obj['t']} of {obj['k']}" if "t" in obj else f"call {obj['k']}"
-            raise GoldenError(f"{path}:{n}: corrupt golden: {what} is recorded twice (first at "
-                              f"line {seen[ident]})")
-        seen[ident] = n
-    return Golden(path, head, out[1:])
+        if obj["k"] in seen:
+            raise GoldenError(f"{path}:{n}: corrupt golden: call {obj['k']} is recorded twice (first "
+                              f"at line {seen[obj['k']]})")
+        seen[obj["k"]] = n
+    return Golden(path, out[0], out[1:], resolve(out[1:], path))
 
 
 def read(path: str) -> Golden:

@@ -1,20 +1,31 @@
 """Judge a fresh run against its golden, and turn a golden into a dump ``compare()`` reads.
 
-- :func:`golden_lines`: a fresh run's dump (``.pkl`` of this project) and its stable call keys ->
-  the golden's lines (what ``golden.render`` writes);
-- :func:`check`: the golden-specific checks of a fresh run against a golden: call structure
-  (calls missing or new), non-tensor arguments, tensor dtypes and shapes, NaN/Inf counts, and
-  statistics drift beyond what the tensor's dtype explains (:data:`DRIFT_TOL`) and beyond the
-  rounding level of the data the record was computed from (:func:`noise_floor`: a
-  mathematically-zero bias gradient is rounding noise, judged at its inputs' scale); each difference
-  keeps both lines for a diff, and the culprit is the first difference in execution order, or,
-  when only statistics drift, the first API whose outputs drift while its inputs do not;
-- :func:`write_reference_dump`: the golden as a statistics-only ptdbg dump (``.pkl`` written with
-  ``format/records`` helpers and a manifest) whose API keys are the fresh run's own keys for the
-  same stable key, so that ``compare()`` pairs call by call; golden calls the fresh run does not
-  make get keys of their own and stay unpaired (a failure, never a pass).
+A call is what it computes, not how it was spelled: golden and fresh run are read in their bound
+form (``comparison/binding.py``, ``comparison/arguments.py``): a call's identity is its operation
+(``F.softmax``, ``torch.softmax`` and ``x.softmax`` are ``softmax``), its tensors are named by the
+parameter they were passed as, its non-tensor arguments are bound to the signature (defaults
+filled, negative dims normalised), so a refactor that computes the same numbers passes.
 
-Reads only JSON lines (the dump is data). No torch here.
+- :func:`golden_lines`: a fresh run's dump (``.pkl`` of this project, read with
+  ``dump/reader.py``) and its stable call keys -> its calls and the golden's lines
+  (what ``golden.render`` writes);
+- :func:`pair_calls`: golden calls and fresh calls paired by a sequence alignment, as
+  ``comparison/pairing.py`` pairs two dumps (same operation, compatible tensor structure; an
+  equal stable key is a bonus): a call added or removed stays local, a call whose module path
+  changed (``nn.Linear`` replaced by ``F.linear`` in the parent's forward) still pairs;
+- :func:`check`: the golden-specific checks of a fresh run against a golden: calls missing or
+  new, non-tensor arguments, tensor dtypes and shapes, NaN/Inf counts, and statistics drift
+  beyond what the tensor's dtype explains (:data:`DRIFT_TOL`) and beyond the rounding level of
+  the data the record was computed from (:func:`noise_floor`: a mathematically-zero bias
+  gradient is rounding noise, judged at its inputs' scale); the culprit is the first structural
+  difference in execution order, or, when only statistics drift, the first API whose outputs
+  drift while its inputs do not; the message lists one line per changed call, by module;
+- :func:`write_reference_dump`: the golden as a statistics-only ptdbg dump (``.pkl`` written with
+  ``format/records`` helpers and a manifest) whose API keys and record slots are the fresh run's
+  own for the paired call, so that ``compare()`` pairs call by call; golden calls the fresh run
+  does not make get keys of their own and stay unpaired (a failure, never a pass).
+
+Reads only JSON lines (the dump is data).
 """
 from __future__ import annotations
 
@@ -25,107 +36,182 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from pytest_ptdbg.comparison import arguments as A
+from pytest_ptdbg.comparison.binding import bind_apis
+from pytest_ptdbg.comparison.pairing import ApiSig, align, dtype_class
+from pytest_ptdbg.dump.reader import ApiRec, read_dump
 from pytest_ptdbg.format import manifest, records
 from pytest_ptdbg.judge.budget import SENTINEL, unit_roundoff
-from pytest_ptdbg.plugin.golden import Golden, encode, round_stat, stat_value
+from pytest_ptdbg.plugin.golden import (DIRECTIONS, Call, Golden, encode, key_module, key_name, reference,
+                                        round_stat, round_stats, stat_value, tensor_entry)
 from pytest_ptdbg.runtime.dtypes import STEP_FLOATS
+from pytest_ptdbg.runtime.operations import operation
 from pytest_ptdbg.runtime.text import TextEnum
 
 #: statistics drift (relative to the tensor's range; the L2 norm relative to itself) allowed per
 #: dtype: what rounding and summation order explain on another CPU or thread count, far below
 #: what a changed op does. Integer and bool values must agree exactly.
 DRIFT_TOL = {"float64": 1e-9, "float32": 5e-4, "float16": 4e-3, "bfloat16": 3e-2,
-             # a Python float argument, kept to 6 significant digits
+             # a Python float argument, kept to 7 significant digits
              "float": 2e-5}
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-_MAX_SHOWN = 12
+#: changed calls listed in a failure message
+_MAX_SHOWN = 30
+#: records a failure message shows as the golden and this run hold them
+_MAX_RECORDS = 3
+#: where calls made outside any module of the model are (``callkeys.OUTSIDE``)
+_OUTSIDE = "step"
 
 
 def _dtype(raw: Any) -> str:
     return str(raw).replace("torch.", "")
 
 
-#: what a device argument reads as in a golden (a golden holds no device: it is the reference
-#: wherever device and bench are the same)
-DEVICE = "<device>"
-
-
 def _clean(obj: Any) -> Any:
-    """A call spec without what changes from run to run or machine to machine: object
-    addresses in reprs, device arguments (``device="cpu"``, ``{"device": "cuda:0"}``)."""
+    """Bound arguments without what changes from run to run: object addresses in reprs; floats at
+    the golden's digits."""
     if isinstance(obj, dict):
-        return {k: (DEVICE if k == "device" and isinstance(v, str) else _clean(v))
-                for k, v in obj.items()}
+        return {k: _clean(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_clean(v) for v in obj]
     if isinstance(obj, str):
         return _ADDRESS.sub("0x?", obj)
+    if isinstance(obj, float):
+        return round_stat(obj)
     return obj
 
 
 @dataclass
 class FreshDump:
-    """A fresh run's dump read for the golden: lines, api key of each stable key, stacks."""
+    """A fresh run's dump read for the golden: its calls, its golden lines, and what the
+    reference dump and the messages need of its records."""
 
     lines: List[Dict[str, Any]]
     api_of: Dict[str, str]                       # stable key -> api key (Functional_linear_3)
     stacks: Dict[str, List[Any]] = field(default_factory=dict)   # api key -> frames
+    calls: List[Call] = field(default_factory=list)
+    #: stable key -> {bound tensor name (forward.input.weight): recorded slot (input.1)}
+    slots: Dict[str, Dict[str, str]] = field(default_factory=dict)
+    #: stable key -> the forward call spec as recorded
+    specs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: stable key -> [(recorded slot, bound parameter path, dtype, stats)] of its Python number records
+    scalars: Dict[str, List[Tuple[str, Tuple[Any, ...], str, List[Any]]]] = field(default_factory=dict)
+    #: stable key -> {direction: position of its record in the dump}
+    order: Dict[str, Dict[str, int]] = field(default_factory=dict)
 
 
-def _read_pkl(pkl: str) -> List[list]:
-    out = []
-    with open(pkl, encoding="utf-8") as f:
-        for n, row in enumerate(f, 1):
-            if not row.strip():
-                continue
-            try:
-                rec = json.loads(row)
-            except ValueError:
-                raise ValueError(f"{pkl}:{n}: unreadable record; the fresh dump is unusable") from None
-            if isinstance(rec, list) and rec and isinstance(rec[0], str):
-                out.append(rec)
-    return out
+def _fingerprint1(entry: Dict[str, Any]) -> str:
+    return json.dumps([entry.get("dtype"), entry.get("shape"), entry.get("stats"),
+                       entry.get("nonfinite")])
 
 
 def golden_lines(pkl: str, keys: Dict[str, str]) -> FreshDump:
-    """The golden lines of the fresh dump ``pkl``; ``keys`` maps api keys to stable keys (an api
-    key without one keeps its own name, e.g. when the call keys could not be attached)."""
-    lines: List[Dict[str, Any]] = []
-    api_of: Dict[str, str] = {}
-    stacks: Dict[str, List[Any]] = {}
-    seen_call = set()
-    for rec in _read_pkl(pkl):
-        if records.is_stack_record(rec):
-            api = rec[0][: -len(records.STACK_SUFFIX)]
-            stacks[api.rsplit("_", 1)[0]] = rec[1] if len(rec) > 1 else []
-            continue
-        try:
-            name = records.parse_name(rec[0])
-        except ValueError:
-            continue
-        api = f"{name.api_family}_{name.call_index}"
-        key = keys.get(api, api)
-        api_of.setdefault(key, api)
-        extra = rec[6] if len(rec) > 6 and isinstance(rec[6], dict) else {}
-        if name.direction == records.FORWARD and api not in seen_call:
-            seen_call.add(api)
-            call = extra.get("call")
-            if isinstance(call, dict) and ("strides" in call or "modes" in call or "src" in call):
-                # the inputs' layout, the math modes and the dataflow are not arguments
-                call = {k: v for k, v in call.items() if k not in ("strides", "modes", "src")}
-            lines.append({"k": key, "call": _clean(call) if isinstance(call, dict) else None})
-        idx = ".".join(str(i) for i in (name.index or ()))
-        line: Dict[str, Any] = {
-            "k": key, "t": f"{name.direction}.{name.io}" + (f".{idx}" if idx else ""),
-            "dtype": _dtype(rec[3]) if len(rec) > 3 else "?",
-            "shape": list(rec[4]) if len(rec) > 4 and isinstance(rec[4], list) else [],
-            "stats": [round_stat(v) for v in (rec[5] if len(rec) > 5 and isinstance(rec[5], list) else [])],
-        }
-        nan, inf = int(extra.get("nan", 0) or 0), int(extra.get("inf", 0) or 0)
-        if nan or inf:
-            line["nonfinite"] = [nan, inf]
-        lines.append(line)
-    return FreshDump(lines, api_of, stacks)
+    """The calls and golden lines of the fresh dump ``pkl``; ``keys`` maps api keys to stable keys
+    (an api key without one gets ``step/{operation}#{n}``, e.g. when the call keys could not be
+    attached)."""
+    dump = read_dump(pkl, data_dir="")
+    bind_apis(dump.apis)
+    by_call: Dict[Tuple[str, int], Dict[str, ApiRec]] = {}
+    for api in dump.apis:
+        by_call.setdefault((api.family, api.call_index), {})[api.direction] = api
+    counts: Dict[str, int] = {}
+    fresh = FreshDump([], {})
+    calls: Dict[Tuple[str, int], Call] = {}
+    for (family, index), recs in by_call.items():
+        any_rec = next(iter(recs.values()))
+        api_key = f"{family}_{index}"
+        key = keys.get(api_key)
+        if key is None:
+            op = any_rec.op or operation(any_rec.api_type, any_rec.api_name).name
+            n = counts.get(op, 0)
+            counts[op] = n + 1
+            key = f"{_OUTSIDE}/{op}#{n}"
+            while key in fresh.api_of:
+                key += "'"
+        fresh.api_of[key] = api_key
+        fwd = recs.get(records.FORWARD)
+        args = A.bound_arguments(fwd) if fwd is not None else None
+        spec = A.call_spec(fwd) if fwd is not None else None
+        if spec is not None:
+            fresh.specs[key] = spec
+        call = Call(key, family, _clean(args) if args is not None else None)
+        slots: Dict[str, str] = {}
+        for direction in DIRECTIONS:
+            rec = recs.get(direction)
+            if rec is None:
+                continue
+            fresh.order.setdefault(key, {})[direction] = rec.order
+            if rec.stack and api_key not in fresh.stacks:
+                fresh.stacks[api_key] = rec.stack
+            for t in rec.tensors:
+                if args is not None and A.is_scalar_record(t):
+                    path = (t.param or t.slot).split(".")[1:]
+                    fresh.scalars.setdefault(key, []).append(
+                        (t.slot, tuple(int(x) if x.isdigit() else x for x in path), str(t.dtype),
+                         list(t.stats)))
+                    continue
+                name = f"{direction}.{t.param or t.slot}"
+                if name in call.tensors:  # two records bound to one slot: keep the recorded one
+                    name = f"{direction}.{t.slot}"
+                dtype = _dtype(t.dtype)
+                entry: Dict[str, Any] = {"dtype": dtype, "shape": list(t.shape),
+                                         "stats": round_stats(t.stats if isinstance(t.stats, list) else [],
+                                                              dtype)}
+                nan, inf = int(t.extra.get("nan", 0) or 0), int(t.extra.get("inf", 0) or 0)
+                if nan or inf:
+                    entry["nonfinite"] = [nan, inf]
+                call.tensors[name] = entry
+                slots[name] = t.slot
+        fresh.slots[key] = slots
+        calls[(family, index)] = call
+    # golden lines: references to an earlier entry with the same values, in dump order
+    seen: Dict[str, Tuple[str, str]] = {}
+    written: Dict[str, Dict[str, Any]] = {}
+    for api in dump.apis:
+        call = calls[(api.family, api.call_index)]
+        line = written.get(call.key)
+        if line is None:
+            line = written[call.key] = {"k": call.key, "api": call.api}
+            if call.args is not None:
+                line["args"] = call.args
+        part = line.setdefault(api.direction, {})
+        prefix = api.direction + "."
+        mine = [t for t in call.tensors if t.startswith(prefix)]
+        for name in sorted(mine, key=lambda x: (".output" in x, )):   # inputs before outputs
+            entry = call.tensors[name]
+            fp = _fingerprint1(entry)
+            ref = seen.get(fp)
+            if ".input" in name and ref is not None and entry.get("shape"):
+                part[name[len(prefix):]] = reference(*ref)
+            else:
+                part[name[len(prefix):]] = tensor_entry(entry["dtype"], entry["shape"], entry["stats"],
+                                                        entry.get("nonfinite"))
+                seen[fp] = (name, call.key)
+    fresh.calls = list(calls.values())
+    fresh.lines = [written[c.key] for c in fresh.calls if c.key in written]
+    for line in fresh.lines:
+        for d in DIRECTIONS:
+            if d in line and not line[d]:
+                del line[d]
+    return fresh
+
+
+# ------------------------------------------------------------------------------ pairing
+
+def _struct(call: Call) -> Tuple[Tuple[str, str, Tuple[int, ...]], ...]:
+    return tuple(sorted((t, dtype_class(str(e.get("dtype", ""))), tuple(e.get("shape") or ()))
+                        for t, e in call.tensors.items() if t.startswith("forward.")))
+
+
+def pair_calls(golden_calls: Sequence[Call], fresh_calls: Sequence[Call]
+               ) -> List[Tuple[Optional[int], Optional[int]]]:
+    """``(golden index | None, fresh index | None)`` in order: the calls aligned as
+    ``comparison/pairing.py`` aligns two dumps (same operation, compatible tensor structure,
+    order kept), an equal stable key counting as an equal call index (a bonus, never required)."""
+    ids: Dict[str, int] = {}
+    g = [ApiSig(c.op, "call", ids.setdefault(c.key, len(ids)), _struct(c)) for c in golden_calls]
+    f = [ApiSig(c.op, "call", ids.setdefault(c.key, len(ids)), _struct(c)) for c in fresh_calls]
+    return [(j, i) for i, j in align(f, g)]
 
 
 # ------------------------------------------------------------------------------ the checks
@@ -137,7 +223,7 @@ ARG_RTOL = 1e-5
 
 
 def same_arguments(a: Any, b: Any) -> bool:
-    """Two call specs agree: the same structure, equal values, floats within :data:`ARG_RTOL`."""
+    """Two argument values agree: the same structure, equal values, floats within :data:`ARG_RTOL`."""
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b if isinstance(a, bool) and isinstance(b, bool) else False
     if isinstance(a, float) or isinstance(b, float):
@@ -148,7 +234,31 @@ def same_arguments(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(same_arguments(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(same_arguments(x, y) for x, y in zip(a, b))
+    if isinstance(a, list) != isinstance(b, list):
+        # torch reads an int where it takes a list of ints as that list (``sum(x, 1)``, ``sum(x, (1,))``)
+        one, other = (a, b) if isinstance(a, list) else (b, a)
+        return len(one) == 1 and isinstance(other, int) and same_arguments(one[0], other)
     return type(a) is type(b) and a == b
+
+
+def changed_arguments(g: Call, f: Call) -> List[Tuple[str, Any, Any]]:
+    """``(parameter, golden value, fresh value)`` of every argument that differs. A parameter only
+    one side's signature has (another spelling of the same operation) is not compared; between
+    two calls of the same API every parameter is."""
+    if g.args is None or f.args is None:
+        return []
+    out = []
+    same_api = g.api == f.api
+    for name in list(g.args) + [k for k in f.args if k not in g.args]:
+        missing = object()
+        a, b = g.args.get(name, missing), f.args.get(name, missing)
+        if a is missing or b is missing:
+            if same_api:
+                out.append((name, None if a is missing else a, None if b is missing else b))
+            continue
+        if not same_arguments(a, b):
+            out.append((name, a, b))
+    return out
 
 
 class DiffKind(TextEnum):
@@ -162,20 +272,73 @@ class DiffKind(TextEnum):
     STATISTICS = "statistics"       #: its statistics drifted beyond the dtype's allowance
 
 
+_STAT_NAMES = ("max", "min", "mean", "l2")
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else v
+
+
+def _arg_text(v: Any) -> str:
+    if v is None:
+        return "(not given)"
+    if isinstance(v, str):
+        return repr(v)
+    if isinstance(v, dict) and len(v) == 1:
+        return str(next(iter(v.values())))
+    return _num(v) if not isinstance(v, (list, dict)) else json.dumps(v, ensure_ascii=False)
+
+
+def _tensor_text(e: Optional[Dict[str, Any]]) -> str:
+    if e is None:
+        return "(none)"
+    return f"{e.get('dtype')}{json.dumps(e.get('shape'))}"
+
+
 @dataclass
 class Difference:
-    """One differing record: what differs, the stable key, and the two lines (None: absent)."""
+    """One differing record: what differs, the stable key (this run's when the call is in it),
+    the golden's key when it is another, and the two sides (None: absent): tensor entries
+    (``{"t", "dtype", "shape", "stats"}``) or call lines."""
 
     kind: DiffKind
     key: str
     what: str
     golden: Optional[Dict[str, Any]]
     fresh: Optional[Dict[str, Any]]
-    order: int = 0
+    order: float = 0
     drift: float = 0.0
+    golden_key: str = ""
+    api: str = ""                                 # this run's api key (Functional_linear_3)
+    changes: List[Tuple[str, Any, Any]] = field(default_factory=list)   # arguments changed
+
+    @property
+    def module(self) -> str:
+        return key_module(self.key)
+
+    def summary(self) -> str:
+        """One short text of what changed (``forward.output.0 max 1.23 -> 1.25 (drift ...)``)."""
+        g, f = self.golden or {}, self.fresh or {}
+        t = str(f.get("t") or g.get("t") or "")
+        if self.kind is DiffKind.STATISTICS:
+            parts = [f"{n} {_num(stat_value(a))} -> {_num(stat_value(b))}"
+                     for n, a, b in zip(_STAT_NAMES, g.get("stats") or [], f.get("stats") or []) if a != b]
+            return f"{t} {', '.join(parts)} ({self.what.split(' ', 1)[1]})"
+        if self.kind is DiffKind.ARGUMENTS:
+            return "arguments " + ", ".join(f"{n} {_arg_text(a)} -> {_arg_text(b)}" for n, a, b in self.changes)
+        if self.kind is DiffKind.TENSOR:
+            return f"{t} {_tensor_text(self.golden)} -> {_tensor_text(self.fresh)}"
+        if self.kind is DiffKind.NONFINITE:
+            return f"{t} NaN/Inf {g.get('nonfinite') or [0, 0]} -> {f.get('nonfinite') or [0, 0]}"
+        line = self.fresh if self.kind is DiffKind.NEW_CALL else self.golden
+        args = (line or {}).get("args")
+        shown = ", ".join(f"{k}={_arg_text(v)}" for k, v in (args or {}).items())
+        return f"{self.kind}: {(line or {}).get('api', '')}({shown}) {self.what}"
 
     def diff_lines(self) -> List[str]:
-        out = [f"  {self.key} {self.what}: {self.kind}"]
+        out = []
         if self.golden is not None:
             out.append(f"  - {encode(self.golden)}")
         if self.fresh is not None:
@@ -197,19 +360,55 @@ class GoldenCheck:
     def passed(self) -> bool:
         return not self.differences
 
+    def by_module(self) -> List[Tuple[str, List[List[Difference]]]]:
+        """The differences by module (in the order of their first difference), then by call."""
+        modules: Dict[str, Dict[str, List[Difference]]] = {}
+        for d in self.differences:
+            modules.setdefault(d.module, {}).setdefault(d.key, []).append(d)
+        return [(m, list(calls.values())) for m, calls in modules.items()]
+
     def message(self, nodeid: str) -> str:
         n = len(self.differences)
-        lines = [f"golden check failed: {n} record(s) differ from the golden {self.path}"]
+        groups = self.by_module()
+        n_calls = sum(len(calls) for _, calls in groups)
+        lines = [f"golden check failed: {n} record(s) of {n_calls} call(s) differ from the golden "
+                 f"{self.path}"]
         if self.culprit is not None:
             c = self.culprit
-            lines.append(f"culprit: {c.key} ({c.kind}: {c.what})")
+            renamed = f", golden {c.golden_key}" if c.golden_key and c.golden_key != c.key else ""
+            lines.append(f"culprit: {c.key} ({c.kind}: {c.what}{renamed})")
             if self.location:
                 lines.append(f"  at {self.location}")
         lines.append("diff (- golden, + this run):")
-        for d in self.differences[:_MAX_SHOWN]:
+        # the culprit's records as the golden and this run hold them, and the first others
+        first = [d for d in [self.culprit] if d is not None]
+        for side in ("golden", "fresh", ""):   # both sides shown where the differences have them
+            if len(first) >= _MAX_RECORDS:
+                break
+            if side and any(getattr(d, side) is not None for d in first):
+                continue
+            first += [d for d in self.differences if d not in first and (
+                not side or getattr(d, side) is not None)][:1 if side else _MAX_RECORDS - len(first)]
+        for d in first:
             lines += d.diff_lines()
-        if n > _MAX_SHOWN:
-            lines.append(f"  ... and {n - _MAX_SHOWN} more")
+        lines.append("one line per changed call, by module:")
+        shown = 0
+        for module, calls in groups:
+            lines.append(f"  {len(calls)} call{'s' if len(calls) != 1 else ''} changed in "
+                         f"{module or '(no module)'}:")
+            for diffs in calls:
+                if shown >= _MAX_SHOWN:
+                    break
+                shown += 1
+                d = diffs[0]
+                renamed = ""
+                if d.golden_key and d.golden_key != d.key:
+                    same_module = key_module(d.golden_key) == module
+                    renamed = f" (golden {key_name(d.golden_key) if same_module else d.golden_key})"
+                more = f"; +{len(diffs) - 1} more" if len(diffs) > 1 else ""
+                lines.append(f"    {key_name(d.key)}{renamed} {d.summary()}{more}")
+        if n_calls > shown:
+            lines.append(f"  ... and {n_calls - shown} more changed call(s)")
         lines.append(f"if the change is intended, update the golden: pytest --ptdbg-update '{nodeid}'")
         return "\n".join(lines)
 
@@ -249,20 +448,13 @@ def drift(g: Sequence[Any], f: Sequence[Any]) -> float:
 NOISE_UNITS = 16.0
 #: the floating dtypes that round (python numbers, integer and bool tensors get no floor)
 _ROUNDED = STEP_FLOATS
-#: division-like APIs: (numerator input, denominator input); a quotient's rounding level is the
-#: numerator's divided by the smallest denominator (Adam's ``addcdiv(p, m, sqrt(v) + eps)``
+#: division-like operations: (numerator, denominator) parameters; a quotient's rounding level is
+#: the numerator's divided by the smallest denominator (Adam's ``addcdiv(p, m, sqrt(v) + eps)``
 #: divides rounding noise of a zero gradient by ``eps``)
-_DIVISIONS = {"div": ("input.0", "input.1"), "div_": ("input.0", "input.1"),
-              "true_divide": ("input.0", "input.1"), "true_divide_": ("input.0", "input.1"),
-              "__truediv__": ("input.0", "input.1"), "__itruediv__": ("input.0", "input.1"),
-              "__rtruediv__": ("input.1", "input.0"),
-              "addcdiv": ("input.1", "input.2"), "addcdiv_": ("input.1", "input.2")}
-#: product APIs: their factors; a product's rounding level is the factors' (a product of two
+_DIVISIONS = {"div": ("input", "other"), "addcdiv": ("tensor1", "tensor2")}
+#: product operations: their factors; a product's rounding level is the factors' (a product of two
 #: small tensors is small, and exact to a rounding of itself)
-_PRODUCTS = {"mul": ("input.0", "input.1"), "mul_": ("input.0", "input.1"),
-             "multiply": ("input.0", "input.1"), "__mul__": ("input.0", "input.1"),
-             "__rmul__": ("input.0", "input.1"), "__imul__": ("input.0", "input.1"),
-             "addcmul": ("input.1", "input.2"), "addcmul_": ("input.1", "input.2")}
+_PRODUCTS = {"mul": ("input", "other"), "addcmul": ("tensor1", "tensor2")}
 
 
 def _numel(shape: Any) -> int:
@@ -293,11 +485,12 @@ def _rms(line: Dict[str, Any]) -> float:
     return 0.0 if v is None else v[3] / math.sqrt(max(_numel(line.get("shape")), 1))
 
 
-def noise_floor(tensors: Dict[str, Dict[str, Any]], key: str, t: str,
-                call: Optional[Dict[str, Any]] = None) -> float:
+def noise_floor(tensors: Dict[str, Dict[str, Any]], op: str, t: str,
+                args: Optional[Dict[str, Any]] = None) -> float:
     """The absolute drift of one element of record ``t`` of call ``key`` that rounding at the
     scale of its call's data explains (0.0: none known; the relative tolerance alone judges).
-    ``tensors``: the call's tensor lines by ``t``; ``call``: its call line.
+    ``tensors``: the call's tensor entries by ``t`` (``forward.input.weight``); ``op``: its
+    operation; ``args``: its bound non-tensor arguments (a Python number operand is one).
 
     An output of a call is computed from the call's inputs in the same direction: a result
     is never more exact than ``NOISE_UNITS`` roundings at the smallest RMS among its floating
@@ -325,18 +518,20 @@ def noise_floor(tensors: Dict[str, Dict[str, Any]], key: str, t: str,
     floor = NOISE_UNITS * u * reduction * min(scales) if scales else 0.0
     if direction != records.FORWARD:
         return floor
-    api = key.rsplit("/", 1)[-1].split("#")[0].split("_", 1)[-1]
-    value = _value_argument(call) if api.startswith(("addcmul", "addcdiv")) else 1.0
-    if api in _PRODUCTS:
-        a, b = (_operand(tensors.get(f"forward.{x}")) for x in _PRODUCTS[api])
+    value = _value_argument(args) if op in ("addcmul", "addcdiv") else 1.0
+
+    def operand(name: str) -> Optional[List[float]]:
+        return _operand(tensors.get(f"forward.input.{name}"), (args or {}).get(name))
+
+    if op in _PRODUCTS:
+        a, b = (operand(x) for x in _PRODUCTS[op])
         if a is not None and b is not None:
-            addend = _operand(tensors.get("forward.input.0")) if api.startswith(
-                "addcmul") else [0.0, 0.0]
+            addend = operand("input") if op == "addcmul" else [0.0, 0.0]
             if addend is not None:
                 floor = NOISE_UNITS * u * (max(abs(a[0]), abs(a[1])) * max(abs(b[0]), abs(b[1]))
                                            * value + max(abs(addend[0]), abs(addend[1])))
-    elif api in _DIVISIONS:
-        num, den = (_operand(tensors.get(f"forward.{x}")) for x in _DIVISIONS[api])
+    elif op in _DIVISIONS:
+        num, den = (operand(x) for x in _DIVISIONS[op])
         if num is not None and den is not None and (den[1] > 0 or den[0] < 0):
             smallest = den[1] if den[1] > 0 else -den[0]
             biggest = max(abs(num[0]), abs(num[1]))
@@ -344,9 +539,11 @@ def noise_floor(tensors: Dict[str, Dict[str, Any]], key: str, t: str,
     return floor
 
 
-def _operand(line: Optional[Dict[str, Any]]) -> Optional[List[float]]:
+def _operand(line: Optional[Dict[str, Any]], number: Any = None) -> Optional[List[float]]:
     """max and min of a tensor operand (data only) or of a python number; None if unknown."""
     if line is None:
+        if isinstance(number, (int, float)) and not isinstance(number, bool) and math.isfinite(number):
+            return [float(number), float(number)]
         return None
     if str(line.get("dtype")) in ("float", "int"):
         try:
@@ -358,24 +555,10 @@ def _operand(line: Optional[Dict[str, Any]]) -> Optional[List[float]]:
     return None if v is None else v[:2]
 
 
-def _value_argument(call: Optional[Dict[str, Any]]) -> float:
-    """``|value|`` of an ``addcmul``/``addcdiv`` call line (1 when not given)."""
-    spec = call.get("call") if isinstance(call, dict) else None
-    raw = (spec.get("kwargs") or {}).get("value") if isinstance(spec, dict) else None
+def _value_argument(args: Optional[Dict[str, Any]]) -> float:
+    """``|value|`` of an ``addcmul``/``addcdiv`` call's bound arguments (1 when not given)."""
+    raw = (args or {}).get("value")
     return abs(float(raw)) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else 1.0
-
-
-def _by_call(tensors: Dict[Tuple[str, str], Dict[str, Any]]) -> Dict[str, Dict[str, Dict[str, Any]]]:
-    out: Dict[str, Dict[str, Dict[str, Any]]] = {}
-    for (key, t), line in tensors.items():
-        out.setdefault(key, {})[t] = line
-    return out
-
-
-def _fingerprint(golden_line: Dict[str, Any], fresh_line: Dict[str, Any]) -> Tuple[Any, ...]:
-    """What identifies one tensor across calls: dtype, shape and statistics on both sides."""
-    return tuple(json.dumps([x.get("dtype"), x.get("shape"), x.get("stats")], sort_keys=True)
-                 for x in (golden_line, fresh_line))
 
 
 def within_floor(g: Sequence[Any], f: Sequence[Any], tol: float, floor: float, n: int) -> bool:
@@ -397,123 +580,133 @@ def within_floor(g: Sequence[Any], f: Sequence[Any], tol: float, floor: float, n
     return True
 
 
-def _index(lines: List[Dict[str, Any]]
-           ) -> Tuple[Dict[str, Dict[str, Any]], Dict[Tuple[str, str], Dict[str, Any]], List[str]]:
-    calls: Dict[str, Dict[str, Any]] = {}
-    tensors: Dict[Tuple[str, str], Dict[str, Any]] = {}
-    order: List[str] = []
-    for line in lines:
-        key = line["k"]
-        if key not in calls and key not in order:
-            order.append(key)
-        if "t" in line:
-            tensors[(key, line["t"])] = line
-        else:
-            calls[key] = line
-    return calls, tensors, order
+
+
+def _fingerprint(golden_line: Dict[str, Any], fresh_line: Dict[str, Any]) -> Tuple[Any, ...]:
+    """What identifies one tensor across calls: dtype, shape and statistics on both sides."""
+    return tuple(json.dumps([x.get("dtype"), x.get("shape"), x.get("stats")], sort_keys=True)
+                 for x in (golden_line, fresh_line))
+
+
+def _call_line(c: Call) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"k": c.key, "api": c.api}
+    if c.args is not None:
+        out["args"] = c.args
+    return out
+
+
+def _tensor_line(c: Call, t: str) -> Dict[str, Any]:
+    return dict({"t": t}, **c.tensors[t])
 
 
 def check(golden: Golden, fresh: FreshDump, ignore: Sequence[str] = (), only: Sequence[str] = (),
           ignore_optimizer: bool = False) -> GoldenCheck:
     """The fresh run against ``golden`` (see the module docstring). ``ignore``/``only`` (API
-    name substrings) and ``ignore_optimizer`` leave calls out, as in ``assert_precision``."""
-    g_calls, g_tensors, g_order = _index(golden.lines)
-    f_calls, f_tensors, f_order = _index(fresh.lines)
-    # a difference sorts where its record is in this run (golden-only ones where the golden had
-    # them, relative to the keys around them)
-    pos: Dict[Any, int] = {}
-    for i, line in enumerate(fresh.lines):
-        pos.setdefault((line["k"], line.get("t")), 2 * i)
-    g_pos: Dict[str, int] = {}
-    last = 0
-    for line in golden.lines:
-        ident = (line["k"], line.get("t"))
-        last = pos.get(ident, last)
-        g_pos.setdefault(line["k"], last + 1)
-        pos.setdefault(ident, last + 1)
+    name substrings, matched against the stable key and the recorded API) and
+    ``ignore_optimizer`` leave calls out, as in ``assert_precision``."""
+    g_calls, f_calls = golden.calls, fresh.calls
+    steps = pair_calls(g_calls, f_calls)
 
-    def skipped(key: str) -> bool:
-        low = key.lower()
-        if ignore_optimizer and key.startswith("optimizer/"):
+    def skipped(c: Call) -> bool:
+        low = f"{c.key} {c.api}".lower()
+        if ignore_optimizer and c.key.startswith("optimizer/"):
             return True
         if any(str(p).lower() in low for p in ignore):
             return True
         return bool(only) and not any(str(p).lower() in low for p in only)
 
+    # where each step sorts: this run's record positions (golden-only calls after their
+    # predecessor in the alignment)
+    orders: List[Dict[str, float]] = []
+    last = dict.fromkeys(DIRECTIONS, -1.0)
+    for _gi, fi in steps:
+        if fi is not None:
+            o = {d: float(v) for d, v in fresh.order.get(f_calls[fi].key, {}).items()}
+            for d in DIRECTIONS:
+                o.setdefault(d, last[d] + 0.5)
+        else:
+            o = {d: last[d] + 0.5 for d in DIRECTIONS}
+        last = o
+        orders.append(o)
+
     diffs: List[Difference] = []
     ignored = 0
-    for key in list(dict.fromkeys(g_order + f_order)):
-        if skipped(key):
+    paired: List[Tuple[Call, Call, Dict[str, float]]] = []
+    for (gi, fi), o in zip(steps, orders):
+        g = g_calls[gi] if gi is not None else None
+        f = f_calls[fi] if fi is not None else None
+        if (g is not None and skipped(g)) or (f is not None and skipped(f)):
             ignored += 1
             continue
-        order = pos.get((key, None), g_pos.get(key, 0))
-        in_g, in_f = key in g_order, key in f_order
-        if in_g and not in_f:
-            diffs.append(Difference(DiffKind.MISSING_CALL, key, "called in the golden, not in this run",
-                                    g_calls.get(key), None, order))
+        if f is None:
+            assert g is not None
+            diffs.append(Difference(DiffKind.MISSING_CALL, g.key, "called in the golden, not in this run",
+                                    _call_line(g), None, o[records.FORWARD]))
             continue
-        if in_f and not in_g:
-            diffs.append(Difference(DiffKind.NEW_CALL, key, "not in the golden", None, f_calls.get(key),
-                                    order))
+        api = fresh.api_of.get(f.key, "")
+        if g is None:
+            diffs.append(Difference(DiffKind.NEW_CALL, f.key, f"{f.api}, not in the golden", None, _call_line(f),
+                                    o[records.FORWARD], api=api))
             continue
-        gc, fc = g_calls.get(key), f_calls.get(key)
-        if not same_arguments((gc or {}).get("call"), (fc or {}).get("call")):
-            diffs.append(Difference(DiffKind.ARGUMENTS, key, "non-tensor arguments changed", gc, fc, order))
-    changed_args = {d.key for d in diffs if d.kind is DiffKind.ARGUMENTS}
+        changes = changed_arguments(g, f)
+        if changes:
+            diffs.append(Difference(DiffKind.ARGUMENTS, f.key, "non-tensor arguments changed: " + ", ".join(
+                f"{n} {_arg_text(a)} -> {_arg_text(b)}" for n, a, b in changes), _call_line(g), _call_line(f),
+                o[records.FORWARD], golden_key=g.key, api=api, changes=changes))
+        paired.append((g, f, o))
 
-    g_by_call, f_by_call = _by_call(g_tensors), _by_call(f_tensors)
-
-    def floor_of(key: str, t: str) -> float:
-        return max(noise_floor(g_by_call.get(key, {}), key, t, g_calls.get(key)),
-                   noise_floor(f_by_call.get(key, {}), key, t, f_calls.get(key)))
+    def floor_of(g: Call, f: Call, t: str) -> float:
+        return max(noise_floor(g.tensors, g.op, t, g.args), noise_floor(f.tensors, f.op, t, f.args))
 
     # outputs by what they hold in the golden and in this run: an input with the same values
     # on both sides is that output, passed on
-    produced: Dict[Tuple[Any, ...], List[Tuple[str, str]]] = {}
-    for (key, t), fl in f_tensors.items():
-        gl = g_tensors.get((key, t))
-        if gl is not None and ".output" in t:
-            produced.setdefault(_fingerprint(gl, fl), []).append((key, t))
-    for (key, t), fl in f_tensors.items():
-        if skipped(key) or key not in g_order:
-            continue
-        gl = g_tensors.get((key, t))
-        order = pos[(key, t)]
-        if gl is None:
-            diffs.append(Difference(DiffKind.TENSOR, key, f"{t} not in the golden", None, fl, order))
-            continue
-        if gl.get("dtype") != fl.get("dtype") or gl.get("shape") != fl.get("shape"):
-            diffs.append(Difference(DiffKind.TENSOR, key, f"{t} dtype/shape changed", gl, fl, order))
-            continue
-        if gl.get("nonfinite") != fl.get("nonfinite"):
-            diffs.append(Difference(DiffKind.NONFINITE, key, f"{t} NaN/Inf counts changed", gl, fl, order))
-            continue
-        if key in changed_args and fl.get("dtype") in ("int", "float", "bool"):
-            continue  # a number argument: the arguments difference shows it
-        tol = DRIFT_TOL.get(str(fl.get("dtype")), 0.0)
-        d = drift(gl.get("stats") or [], fl.get("stats") or [])
-        if d > tol:
-            floor = floor_of(key, t)
-            if ".input" in t:  # the tensor as its producer made it: that call's rounding level
-                for pk, pt in produced.get(_fingerprint(gl, fl), ()):
-                    floor = max(floor, floor_of(pk, pt))
-            if floor and within_floor(gl.get("stats") or [], fl.get("stats") or [], tol, floor,
-                                      _numel(fl.get("shape"))):
+    produced: Dict[Tuple[Any, ...], List[Tuple[Call, Call, str]]] = {}
+    for g, f, _ in paired:
+        for t, fl in f.tensors.items():
+            gl = g.tensors.get(t)
+            if gl is not None and ".output" in t:
+                produced.setdefault(_fingerprint(gl, fl), []).append((g, f, t))
+    for g, f, o in paired:
+        api = fresh.api_of.get(f.key, "")
+
+        def add(kind: DiffKind, what: str, t: str, gl: Optional[Dict[str, Any]], fl: Optional[Dict[str, Any]],
+                d: float = 0.0, g: Call = g, f: Call = f, o: Dict[str, float] = o, api: str = api) -> None:
+            diffs.append(Difference(kind, f.key, what, None if gl is None else dict({"t": t}, **gl),
+                                    None if fl is None else dict({"t": t}, **fl),
+                                    o[t.split(".")[0]] + (0.25 if ".output" in t else 0.0), d, g.key, api))
+
+        for t, fl in f.tensors.items():
+            gl = g.tensors.get(t)
+            if gl is None:
+                add(DiffKind.TENSOR, f"{t} not in the golden", t, None, fl)
                 continue
-            floor_text = f", or {floor:.3g} at its call's rounding level" if floor else ""
-            diffs.append(Difference(DiffKind.STATISTICS, key, f"{t} drifted {d:.3g} (allowed "
-                                    f"{tol:g} for {fl.get('dtype')}{floor_text})", gl, fl,
-                                    order, d))
-    for (key, t), gl in g_tensors.items():
-        if skipped(key) or key not in f_order or (key, t) in f_tensors:
-            continue
-        diffs.append(Difference(DiffKind.TENSOR, key, f"{t} missing in this run", gl, None, pos[(key, t)]))
+            if gl.get("dtype") != fl.get("dtype") or gl.get("shape") != fl.get("shape"):
+                add(DiffKind.TENSOR, f"{t} dtype/shape changed", t, gl, fl)
+                continue
+            if gl.get("nonfinite") != fl.get("nonfinite"):
+                add(DiffKind.NONFINITE, f"{t} NaN/Inf counts changed", t, gl, fl)
+                continue
+            tol = DRIFT_TOL.get(str(fl.get("dtype")), 0.0)
+            dr = drift(gl.get("stats") or [], fl.get("stats") or [])
+            if dr > tol:
+                floor = floor_of(g, f, t)
+                if ".input" in t:  # the tensor as its producer made it: that call's rounding level
+                    for pg, pf, pt in produced.get(_fingerprint(gl, fl), ()):
+                        floor = max(floor, floor_of(pg, pf, pt))
+                if floor and within_floor(gl.get("stats") or [], fl.get("stats") or [], tol, floor,
+                                          _numel(fl.get("shape"))):
+                    continue
+                floor_text = f", or {floor:.3g} at its call's rounding level" if floor else ""
+                add(DiffKind.STATISTICS, f"{t} drifted {dr:.3g} (allowed {tol:g} for {fl.get('dtype')}"
+                    f"{floor_text})", t, gl, fl, dr)
+        for t, gl in g.tensors.items():
+            if t not in f.tensors:
+                add(DiffKind.TENSOR, f"{t} missing in this run", t, gl, None)
     diffs.sort(key=lambda d: (d.order, d.what))
     culprit = _culprit(diffs)
     loc = ""
     if culprit is not None:
-        api = fresh.api_of.get(culprit.key)
-        loc = user_location(fresh.stacks.get(api or "", []))
+        loc = user_location(fresh.stacks.get(culprit.api or fresh.api_of.get(culprit.key, ""), []))
     return GoldenCheck(golden.path, diffs, culprit, loc, ignored)
 
 
@@ -530,6 +723,8 @@ def user_location(frames: Sequence[Any]) -> str:
     return f"{f0[0]}:{f0[1]} in {f0[2]}: {f0[3]}"
 
 
+
+
 def _culprit(diffs: List[Difference]) -> Optional[Difference]:
     """A structural difference first (in execution order); else the first API whose outputs
     drift while its inputs do not (forward before backward); else the first difference."""
@@ -541,8 +736,7 @@ def _culprit(diffs: List[Difference]) -> Optional[Difference]:
     drifting: Dict[Tuple[str, str], List[Difference]] = {}
     for d in diffs:
         t = str((d.fresh or {}).get("t", ""))
-        direction = t.split(".")[0]
-        drifting.setdefault((d.key, direction), []).append(d)
+        drifting.setdefault((d.key, t.split(".")[0]), []).append(d)
     for direction in records.DIRECTIONS:
         for d in diffs:
             t = str((d.fresh or {}).get("t", ""))
@@ -558,49 +752,88 @@ def _culprit(diffs: List[Difference]) -> Optional[Difference]:
 
 # ------------------------------------------------------------------------------ reference dump
 
+def _arg_at(args: Optional[Dict[str, Any]], path: Tuple[Any, ...]) -> Any:
+    v: Any = args
+    for p in path:
+        if isinstance(v, dict) and isinstance(p, str):
+            v = v.get(p)
+        elif isinstance(v, list) and isinstance(p, int) and 0 <= p < len(v):
+            v = v[p]
+        else:
+            return None
+    return v
+
+
 def write_reference_dump(golden: Golden, fresh: FreshDump, dump_path: str, mode: str) -> str:
-    """The golden as a statistics-only dump under ``dump_path`` (step 0, rank 0); its ``.pkl``."""
+    """The golden as a statistics-only dump under ``dump_path`` (step 0, rank 0); its ``.pkl``.
+
+    A golden call paired with a call of this run (:func:`pair_calls`) is written under that call's
+    API key, its tensors under that call's recorded slots and its call spec, with the golden's
+    values; its Python number records from the golden's arguments. The records are in this run's
+    order (so ``compare()`` aligns them call by call); golden-only calls come last, under keys of
+    their own (never paired)."""
+    steps = pair_calls(golden.calls, fresh.calls)
     used = set(fresh.api_of.values())
     counters: Dict[str, int] = {}
-    api_for: Dict[str, str] = {}
-    rows: List[str] = []
-    calls = {line["k"]: line.get("call") for line in golden.lines if "t" not in line}
-    first_forward = set()
-    for line in golden.lines:
-        if "t" not in line:
+    rows: List[Tuple[float, int, str]] = []
+    seq = 0
+    for gi, fi in steps:
+        if gi is None:
             continue
-        key = line["k"]
-        api = api_for.get(key)
-        if api is None:
-            api = fresh.api_of.get(key)
-            if api is None:  # a call this run does not make: a name of its own, never paired
-                family = key.rsplit("/", 1)[-1].split("#")[0]
-                n = counters.get(family, 10000)
-                while f"{family}_{n}" in used:
-                    n += 1
-                counters[family] = n + 1
-                api = f"{family}_{n}"
-                used.add(api)
-            api_for[key] = api
-        direction, _, rest = line["t"].partition(".")
-        io, _, idx = rest.partition(".")
-        name = f"{api}_{direction}_{io}" + (f".{idx}" if idx else "")
-        dtype = line.get("dtype", "?")
-        dtype = f"torch.{dtype}" if dtype not in ("int", "float", "bool", "?") and "." not in dtype else dtype
-        nan, inf = (line.get("nonfinite") or [0, 0])[:2]
-        extra: Dict[str, Any] = {"nan": nan, "inf": inf}
-        if key.startswith("optimizer/"):
-            extra["ctx"] = records.OPTIMIZER_CTX
-        if direction == records.FORWARD and api not in first_forward:
-            first_forward.add(api)
-            if isinstance(calls.get(key), dict):
-                extra["call"] = calls[key]
-        stats = [stat_value(v) for v in line.get("stats") or []]
-        rows.append(records.encode_line(records.tensor_record(name, dtype, line.get("shape") or [],
-                                                              stats, extra)))
+        g = golden.calls[gi]
+        f = fresh.calls[fi] if fi is not None else None
+        if f is not None:
+            api = fresh.api_of[f.key]
+            slots = fresh.slots.get(f.key, {})
+            order = fresh.order.get(f.key, {})
+            spec = fresh.specs.get(f.key)
+        else:  # a call this run does not make: a name of its own, never paired
+            family = g.api or g.op
+            n = counters.get(family, 10000)
+            while f"{family}_{n}" in used:
+                n += 1
+            counters[family] = n + 1
+            api = f"{family}_{n}"
+            used.add(api)
+            slots, order, spec = {}, {}, None
+        extra_slot = 1000
+        first_forward = True
+        records_of: List[Tuple[str, str, str, List[Any], List[Any], Dict[str, Any]]] = []
+        for t, e in g.tensors.items():
+            direction, _, bound = t.partition(".")
+            slot = slots.get(t)
+            if slot is None:
+                io = bound.split(".")[0]
+                slot = f"{io}.{extra_slot}"
+                extra_slot += 1
+            records_of.append((direction, slot, str(e.get("dtype", "?")), list(e.get("shape") or []),
+                               [stat_value(v) for v in e.get("stats") or []],
+                               {"nan": (e.get("nonfinite") or [0, 0])[0], "inf": (e.get("nonfinite") or [0, 0])[1]}))
+        if f is not None:
+            for slot, path, dtype, stats in fresh.scalars.get(f.key, []):
+                value = _arg_at(g.args, path)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    if not same_arguments(value, stat_value(stats[0]) if stats else None):
+                        stats = [value, value, value, value]
+                    records_of.append((records.FORWARD, slot, dtype, [], list(stats), {"nan": 0, "inf": 0}))
+        for direction, slot, dtype, shape, stats, extra in records_of:
+            io, _, idx = slot.partition(".")
+            name = f"{api}_{direction}_{io}" + (f".{idx}" if idx else "")
+            if dtype not in ("int", "float", "bool", "?") and "." not in dtype:
+                dtype = f"torch.{dtype}"
+            if g.key.startswith("optimizer/"):
+                extra["ctx"] = records.OPTIMIZER_CTX
+            if direction == records.FORWARD and first_forward:
+                first_forward = False
+                if spec is not None:
+                    extra["call"] = spec
+            where = float(order[direction]) if direction in order else math.inf
+            rows.append((where, seq, records.encode_line(records.tensor_record(name, dtype, shape, stats, extra))))
+            seq += 1
+    rows.sort(key=lambda r: (r[0], r[1]))
     pkl = records.pkl_path(dump_path, 0, 0, mode)
     os.makedirs(os.path.dirname(pkl), exist_ok=True)
-    with open(pkl, "w", encoding="utf-8") as f:
-        f.writelines(rows)
+    with open(pkl, "w", encoding="utf-8") as fh:
+        fh.writelines(r[2] for r in rows)
     manifest.write_manifest(pkl, len(rows), True)
     return pkl

@@ -44,8 +44,8 @@ def test_sources_name_the_producer_and_its_output_slot(tmp_path):
     assert all(not a.sources for a in apis.values() if a.direction == "backward")
     # not an argument: the golden of a dump carries no dataflow
     lines = golden_lines(d.pkl, {}).lines
-    assert all("src" not in (ln.get("call") or {}) for ln in lines)
-    assert any(ln.get("call") for ln in lines)
+    assert all("src" not in (ln.get("args") or {}) and "src" not in ln for ln in lines)
+    assert any(ln.get("args") for ln in lines)
 
 
 def _train(debug_dir=None):

@@ -9,18 +9,22 @@ from pytest_ptdbg.plugin import golden
 pytest_plugins = ["pytester"]
 
 HEAD = golden.header("t.py::t", 0, "api_stack", "cpu")
-KEY = "model.ln/Functional_layer_norm#0"
-CALL = {"k": KEY, "call": {"args": [{"t": "input.0"}], "kwargs": {"eps": 1e-5}}}
-TENSOR = {"k": KEY, "t": "forward.output.0", "dtype": "float32", "shape": [2, 4],
-          "stats": [1.5, -1.5, 0.0, 2.8]}
+KEY = "model.ln/layer_norm#0"
+CALL = {"k": KEY, "api": "Functional_layer_norm", "args": {"eps": 1e-5},
+        "forward": {"output.0": ["float32", [2, 4], [1.5, -1.5, 0.0, 2.8]]}}
+OTHER = {"k": "model.fc/linear#0", "api": "Functional_linear", "args": {},
+         "forward": {"output.0": ["float32", [2, 4], [1.0, -1.0, 0.0, 2.0]]}}
 
 
 @pytest.mark.parametrize("sep", ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\r"])
 def test_line_separators_in_names_read_back(sep):
-    lines = [dict(CALL, k=f"model.a{sep}b/Functional_linear#0"),
-             dict(TENSOR, k=f"model.a{sep}b/Functional_linear#0")]
+    lines = [dict(CALL, k=f"model.a{sep}b/linear#0"),
+             dict(CALL, k=f"model.a{sep}c/linear#0",
+                  forward={"input.input": f"@forward.output.0 model.a{sep}b/linear#0"})]
     text = golden.render(HEAD, lines)
-    assert golden.parse(text, "g").lines == lines
+    parsed = golden.parse(text, "g")
+    assert parsed.lines == lines
+    assert parsed.calls[1].tensors["forward.input.input"]["stats"] == [1.5, -1.5, 0.0, 2.8]
 
 
 @pytest.mark.parametrize("stat,why", [
@@ -29,40 +33,48 @@ def test_line_separators_in_names_read_back(sep):
     ('"abc"', "'abc' is not a number"), ('{"a": 1}', 'is not a number'),
     ("[1]", "is not a number")])
 def test_crafted_statistics_name_the_line(stat, why):
-    text = golden.render(HEAD, [CALL, TENSOR]).replace("[1.5,-1.5,", f"[{stat},-1.5,")
+    text = golden.render(HEAD, [OTHER, CALL]).replace("[1.5,-1.5,", f"[{stat},-1.5,")
     with pytest.raises(golden.GoldenError, match=r"^g:3: ") as exc:
         golden.parse(text, "g")
     assert why in str(exc.value)
 
 
 @pytest.mark.parametrize("edit,why", [
-    (lambda t: t.replace('"shape":[2,4]', '"shape":[2,-4]'), "not a list of sizes"),
-    (lambda t: t.replace('"shape":[2,4]', '"shape":["2"]'), "not a list of sizes"),
-    (lambda t: t.replace('"dtype":"float32"', '"dtype":7'), "'dtype' must be a string"),
-    (lambda t: t.replace('"call":{', '"call":[{').replace('}}\n', '}]}\n', 1),
-     "'call' must be an object"),
+    (lambda t: t.replace('[2,4]', '[2,-4]'), "not a list of sizes"),
+    (lambda t: t.replace('[2,4]', '["2"]'), "not a list of sizes"),
+    (lambda t: t.replace('"float32"', '7'), "'dtype' must be a string"),
+    (lambda t: t.replace('"args":{"eps":1e-05}', '"args":[1e-05]'), "'args' must be an object"),
+    (lambda t: t.replace('"output.0":"', '"output.0":"x').replace(
+        '"forward":{"output.0":[', '"forward":{"input.input":"@forward.output.9 model.x/y#0","output.0":['),
+     "refers to forward.output.9 of model.x/y#0, which the golden does not hold"),
 ])
 def test_malformed_lines_name_the_line(edit, why):
-    text = edit(golden.render(HEAD, [CALL, TENSOR]))
+    text = edit(golden.render(HEAD, [CALL, OTHER]))
     with pytest.raises(golden.GoldenError, match=r"^g:[23]: ") as exc:
         golden.parse(text, "g")
     assert why in str(exc.value)
 
 
-def test_a_duplicated_tensor_line_is_corrupt():
-    wrong = dict(TENSOR, stats=[123, -123, 5, 999])
-    text = golden.render(HEAD, [CALL, wrong, TENSOR])
-    with pytest.raises(golden.GoldenError, match=r"^g:4: corrupt golden: tensor forward.output.0 "
-                                                 r"of model.ln/Functional_layer_norm#0 is "
-                                                 r"recorded twice \(first at line 3\)"):
+def test_a_duplicated_call_line_is_corrupt():
+    wrong = dict(CALL, forward={"output.0": ["float32", [2, 4], [123, -123, 5, 999]]})
+    text = golden.render(HEAD, [wrong, OTHER, CALL])
+    with pytest.raises(golden.GoldenError, match=r"^g:4: corrupt golden: call "
+                                                 r"model.ln/layer_norm#0 is "
+                                                 r"recorded twice \(first at line 2\)"):
         golden.parse(text, "g")
-    with pytest.raises(golden.GoldenError, match=r"^g:3: corrupt golden: call .* twice"):
-        golden.parse(golden.render(HEAD, [CALL, CALL, TENSOR]), "g")
+
+
+def test_a_version_1_golden_fails_naming_the_update():
+    old = dict(HEAD, version=1)
+    text = golden.render(old, [{"k": "model.ln/Functional_layer_norm#0", "t": "forward.output.0",
+                                "dtype": "float32", "shape": [2], "stats": [1, 1, 1, 1]}])
+    with pytest.raises(golden.GoldenError, match=r"^g:1: a golden of format version 1; .*--ptdbg-update"):
+        golden.parse(text, "g")
 
 
 def test_a_duplicated_member_is_corrupt():
-    text = golden.render(HEAD, [CALL, TENSOR]).replace('"stats":[', '"stats":[0,0,0,0],"stats":[')
-    with pytest.raises(golden.GoldenError, match=r"^g:3: corrupt golden: member 'stats' appears "
+    text = golden.render(HEAD, [OTHER, CALL]).replace('"forward":{', '"forward":{"output.0":[],', 2)
+    with pytest.raises(golden.GoldenError, match=r"^g:2: corrupt golden: member 'output.0' appears "
                                                  r"twice"):
         golden.parse(text, "g")
     with pytest.raises(golden.GoldenError, match=r"^g:1: corrupt golden: member 'nodeid'"):
@@ -118,8 +130,12 @@ def test_a_golden_with_odd_module_names_reads_back(gtester):
 
 def _tensor_line(path):
     rows = path.read_text(encoding="utf-8").split("\n")
-    n = next(i for i, r in enumerate(rows) if '"t":"forward.output.0"' in r)
+    n = next(i for i, r in enumerate(rows) if '"output.0":["float32",[5,4],[' in r)
     return rows, n
+
+
+_STATS = '"output.0":["float32",[5,4],['
+
 
 
 @pytest.mark.parametrize("craft", ["duplicate line", "duplicate member", "NaN", "1e999",
@@ -130,12 +146,13 @@ def test_a_corrupt_golden_fails_naming_file_and_line(gtester, craft):
     rows, n = _tensor_line(path)
     real = json.loads(rows[n])
     if craft == "duplicate line":   # a wrong copy before the real one
-        rows.insert(n, json.dumps(dict(real, stats=[123, -123, 5, 999]), separators=(",", ":")))
+        wrong = dict(real, forward=dict(real["forward"], **{"output.0": ["float32", [5, 4], [123, -123, 5, 999]]}))
+        rows.insert(n, json.dumps(wrong, separators=(",", ":"), ensure_ascii=False))
     elif craft == "duplicate member":
-        rows[n] = rows[n].replace('"stats":[', '"stats":[0,0,0,0],"stats":[')
+        rows[n] = rows[n].replace(_STATS, '"output.0":[],' + _STATS)
     else:
         value = {"NaN": "NaN", "1e999": "1e999", "string": '"x"', "dict": '{"v":1}'}[craft]
-        rows[n] = rows[n].replace('"stats":[', f'"stats":[{value},', 1)
+        rows[n] = rows[n].replace(_STATS, _STATS + f'{value},', 1)
     path.write_text("\n".join(rows), encoding="utf-8")
     res = gtester.runpytest("-p", "no:cacheprovider")
     res.assert_outcomes(failed=1)

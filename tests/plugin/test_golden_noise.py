@@ -37,6 +37,7 @@ def test_noise_floor_by_hand():
              _t(conv, "backward.output.2", [16], [1e-8, -2e-8, 0.0, 4e-8]),
              _t(conv, "backward.output.1", [16, 8, 3, 3], [0.02, -0.04, 0.0, 0.24])]
     tens, _ = _call(lines)
+    conv = "conv2d"
     rms = 0.04 / (8 * 16 * 8 * 8) ** 0.5
     # a sum of 512 gradient elements per bias: 512 x the input's RMS, NOISE_UNITS roundings
     assert noise_floor(tens, conv, "backward.output.2") == pytest.approx(NOISE_UNITS * U32 * 512 * rms)
@@ -45,19 +46,19 @@ def test_noise_floor_by_hand():
     # an input: at the scale of the call's other tensors (the largest RMS)
     assert noise_floor(tens, conv, "backward.input.0") == pytest.approx(
         NOISE_UNITS * U32 * 0.24 / 1152 ** 0.5)
-    div = "optimizer/Tensor_addcdiv_#0"
-    lines = [{"k": div, "call": {"args": [], "kwargs": {"value": -0.03}}},
-             _t(div, "forward.input.0", [4], [0.0, 0.0, 0.0, 0.0]),
-             _t(div, "forward.input.1", [4], [0.01, -0.005, 0.0, 0.02]),
-             _t(div, "forward.input.2", [4], [0.1, 1e-8, 0.05, 0.2]),
+    div = "addcdiv"
+    lines = [_t(div, "forward.input.input", [4], [0.0, 0.0, 0.0, 0.0]),
+             _t(div, "forward.input.tensor1", [4], [0.01, -0.005, 0.0, 0.02]),
+             _t(div, "forward.input.tensor2", [4], [0.1, 1e-8, 0.05, 0.2]),
              _t(div, "forward.output.0", [4], [0.003, -0.003, 0.0, 0.005])]
-    tens, call = _call(lines)
+    tens, _ = _call(lines)
+    call = {"value": -0.03}   # the bound arguments
     # the largest numerator over the smallest denominator, times |value|
     assert noise_floor(tens, div, "forward.output.0", call) == pytest.approx(
         NOISE_UNITS * U32 * 0.03 * 0.01 / 1e-8)
-    mul = "model/Tensor_mul#0"
-    lines = [_t(mul, "forward.input.0", [4], [1e-4, -1e-4, 0.0, 2e-4]),
-             _t(mul, "forward.input.1", [4], [2e-4, -1e-4, 0.0, 3e-4]),
+    mul = "mul"
+    lines = [_t(mul, "forward.input.input", [4], [1e-4, -1e-4, 0.0, 2e-4]),
+             _t(mul, "forward.input.other", [4], [2e-4, -1e-4, 0.0, 3e-4]),
              _t(mul, "forward.output.0", [4], [2e-8, -1e-8, 0.0, 3e-8])]
     tens, _ = _call(lines)
     # a product of two small tensors rounds at its own scale, not at its factors'
@@ -97,10 +98,13 @@ def _golden(fresh):
     return golden.parse(text, "t.golden.jsonl")
 
 
+def _flat(calls):
+    return {(c.key, t): e for c in calls for t, e in c.tensors.items()}
+
+
 def _relative_drifts(ref, fresh):
     """Records the relative rule alone (the old check) fails."""
-    _, g, _ = golden_check._index(ref.lines)
-    _, f, _ = golden_check._index(fresh.lines)
+    g, f = _flat(ref.calls), _flat(fresh.calls)
     return sorted(k for k in g if k in f and g[k]["dtype"] in DRIFT_TOL and
                   drift(g[k]["stats"], f[k]["stats"]) > DRIFT_TOL[g[k]["dtype"]])
 
@@ -119,8 +123,8 @@ def test_conv_bias_gradient_noise_passes(cnn_golden, variant):
     fresh = _lines("cnn", ctx=ctx, permute=variant != _NO_MKLDNN)
     noisy = _relative_drifts(cnn_golden, fresh)
     # the relative rule fails the zero bias gradients and the optimizer's use of them
-    assert ("model.conv2/Functional_conv2d#0", "backward.output.2") in noisy
-    assert ("optimizer/Tensor_add_#5", "forward.input.1") in noisy
+    assert ("model.conv2/conv2d#0", "backward.output.bias") in noisy
+    assert any(k.startswith("optimizer/add#") and t == "forward.input.other" for k, t in noisy), noisy
     result = golden_check.check(_golden(cnn_golden), fresh)
     assert result.passed, result.message("t.py::t")
 
@@ -130,7 +134,7 @@ def test_adam_quotient_of_noise_passes():
     ref = _lines("tiny_gpt")
     fresh = _lines("tiny_gpt", ctx=torch.backends.mkldnn.flags(enabled=False))
     noisy = _relative_drifts(ref, fresh)
-    assert any(k.startswith("optimizer/Tensor_addcdiv_") for k, _ in noisy), noisy
+    assert any(k.startswith("optimizer/addcdiv#") for k, _ in noisy), noisy
     result = golden_check.check(_golden(ref), fresh)
     assert result.passed, result.message("t.py::t")
 
@@ -151,10 +155,10 @@ def _eps(model):
 
 
 @pytest.mark.parametrize("plant,where", [
-    (_scale("bn2.weight", 1.001), "model.bn2/Functional_batch_norm#0"),   # the activation x 1.001
-    (_scale("conv2.bias", 1.001), "model.conv2/Functional_conv2d#0"),
-    (_bf16_round_trip, "model.conv1/Functional_conv2d#0"),
-    (_eps, "model.bn1/Functional_batch_norm#0"),
+    (_scale("bn2.weight", 1.001), "model.bn2/batch_norm#0"),   # the activation x 1.001
+    (_scale("conv2.bias", 1.001), "model.conv2/conv2d#0"),
+    (_bf16_round_trip, "model.conv1/conv2d#0"),
+    (_eps, "model.bn1/batch_norm#0"),
 ], ids=["bn2-output-x1.001", "conv2-bias-x1.001", "conv1-weight-bf16", "bn1-eps-1e-3"])
 def test_real_changes_still_fail(cnn_golden, plant, where):
     result = golden_check.check(_golden(cnn_golden), _lines("cnn", plant=plant))

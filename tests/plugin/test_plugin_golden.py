@@ -119,13 +119,20 @@ def test_missing_golden_is_created_and_fails_then_passes(gtester):
     lines = files[1].read_text().splitlines()
     head = json.loads(lines[0])
     assert head["nodeid"] == "test_user.py::test_train" and "created" not in head
-    keys = {json.loads(x)["k"] for x in lines[1:]}
-    # stable keys: module path / API # index within that module
-    assert {"model.fc1/Functional_linear#0", "model.ln/Functional_layer_norm#0",
-            "model.attn/Torch_softmax#0", "model.blk.lin/Functional_linear#0"} <= keys
+    calls = [json.loads(x) for x in lines[1:]]
+    keys = [c["k"] for c in calls]
+    # stable keys: module path / operation # index within that module; the API as recorded
+    assert {"model.fc1/linear#0", "model.ln/layer_norm#0", "model.attn/softmax#0",
+            "model.blk.lin/linear#0"} <= set(keys)
+    assert len(keys) == len(set(keys))                # one line per call
+    ln = calls[keys.index("model.ln/layer_norm#0")]
+    assert ln["api"] == "Functional_layer_norm" and ln["args"] == {"normalized_shape": [16], "eps": 1e-05}
+    assert set(ln["forward"]) == {"input.input", "input.weight", "input.bias", "output.0"}
+    assert ln["forward"]["input.input"] == "@forward.output.0 model.fc1/linear#0"   # passed on
+    assert set(ln["backward"]) >= {"output.input", "output.weight", "output.bias"}
     assert any(k.startswith("optimizer/") for k in keys)
-    assert max(len(x) for x in lines) < 200           # one short record per line
-    assert files[1].stat().st_size < 40_000
+    assert max(len(x) for x in lines) < 800           # one short line per call
+    assert files[1].stat().st_size < 20_000
 
 
 def test_ci_never_writes_a_missing_golden(gtester, monkeypatch):
@@ -147,8 +154,8 @@ def test_ci_never_writes_a_missing_golden(gtester, monkeypatch):
 
 @pytest.mark.parametrize("variant, culprit", [
     ("softmax_fp16", "culprit: model.attn/"),
-    ("eps", "culprit: model.ln/Functional_layer_norm#0 (arguments"),
-    ("bf16_cast", "culprit: model.blk/Tensor_to#0 (new call"),
+    ("eps", "culprit: model.ln/layer_norm#0 (arguments: non-tensor arguments changed: eps 1e-05 -> 0.001"),
+    ("bf16_cast", "culprit: model.blk/to#0 (new call: Tensor_to"),
 ])
 def test_planted_code_regression_fails_against_the_golden(gtester, monkeypatch, variant, culprit):
     _create(gtester).assert_outcomes(passed=2)
@@ -181,7 +188,7 @@ def test_kernel_regression_below_capture_fails_against_the_golden(gtester):
     """)
     res = gtester.runpytest("-p", "no:cacheprovider", "-k", "test_train")
     res.assert_outcomes(failed=1, deselected=1)
-    res.stdout.fnmatch_lines(["*culprit: model.blk/Torch_tanh#0*"])
+    res.stdout.fnmatch_lines(["*culprit: model.blk/tanh#0*"])
 
 
 def test_one_added_layer_renumbers_nothing(gtester, monkeypatch):
@@ -190,7 +197,7 @@ def test_one_added_layer_renumbers_nothing(gtester, monkeypatch):
     res = gtester.runpytest("-p", "no:cacheprovider", "-k", "test_forward_backward")
     res.assert_outcomes(failed=1, deselected=1)
     out = res.stdout.str()
-    assert "culprit: model.pre/Functional_linear#0 (new call" in out
+    assert "culprit: model.pre/linear#0 (new call" in out
     assert "missing call" not in out      # every other call keeps its key
 
 
