@@ -201,6 +201,9 @@ class Call:
     args: Optional[Dict[str, Any]]
     tensors: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     line: int = 0
+    #: the dataflow the references show: ``{"forward.input.input": (producer's key, "forward.output.0")}``
+    #: for an input that holds an earlier call's output
+    sources: Dict[str, Tuple[str, str]] = field(default_factory=dict)
 
     @property
     def op(self) -> str:
@@ -358,6 +361,8 @@ def resolve(lines: List[Dict[str, Any]], path: str = "", first_line: int = 2) ->
             raise GoldenError(f"{path}:{n}: tensor {t} of {call.key} refers to {ref_t} of {ref_k}, "
                               f"which the golden does not hold")
         call.tensors[t] = dict(target)
+        if ref_t.startswith("forward.output"):
+            call.sources[t] = (ref_k, ref_t)
     return calls
 
 

@@ -34,18 +34,18 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from pytest_ptdbg.comparison import arguments as A
 from pytest_ptdbg.comparison.binding import bind_apis
-from pytest_ptdbg.comparison.pairing import ApiSig, align, dtype_class
+from pytest_ptdbg.comparison.pairing import ApiSig, align, dtype_class, repair_by_dataflow
 from pytest_ptdbg.dump.reader import ApiRec, read_dump
 from pytest_ptdbg.format import manifest, records
 from pytest_ptdbg.judge.budget import SENTINEL, unit_roundoff
 from pytest_ptdbg.plugin.golden import (DIRECTIONS, Call, Golden, encode, key_module, key_name, reference,
                                         round_stat, round_stats, stat_value, tensor_entry)
 from pytest_ptdbg.runtime.dtypes import STEP_FLOATS
-from pytest_ptdbg.runtime.operations import operation
+from pytest_ptdbg.runtime.operations import COMMUTATIVE, operation
 from pytest_ptdbg.runtime.text import TextEnum
 
 #: statistics drift (relative to the tensor's range; the L2 norm relative to itself) allowed per
@@ -98,6 +98,8 @@ class FreshDump:
     scalars: Dict[str, List[Tuple[str, Tuple[Any, ...], str, List[Any]]]] = field(default_factory=dict)
     #: stable key -> {direction: position of its record in the dump}
     order: Dict[str, Dict[str, int]] = field(default_factory=dict)
+    #: stable keys of the commutative calls whose operands were put in the golden's order
+    crossed: Set[str] = field(default_factory=set)
 
 
 def _fingerprint1(entry: Dict[str, Any]) -> str:
@@ -183,6 +185,8 @@ def golden_lines(pkl: str, keys: Dict[str, str]) -> FreshDump:
             ref = seen.get(fp)
             if ".input" in name and ref is not None and entry.get("shape"):
                 part[name[len(prefix):]] = reference(*ref)
+                if ref[0].startswith("forward.output"):
+                    call.sources[name] = (ref[1], ref[0])
             else:
                 part[name[len(prefix):]] = tensor_entry(entry["dtype"], entry["shape"], entry["stats"],
                                                         entry.get("nonfinite"))
@@ -199,8 +203,13 @@ def golden_lines(pkl: str, keys: Dict[str, str]) -> FreshDump:
 # ------------------------------------------------------------------------------ pairing
 
 def _struct(call: Call) -> Tuple[Tuple[str, str, Tuple[int, ...]], ...]:
-    return tuple(sorted((t, dtype_class(str(e.get("dtype", ""))), tuple(e.get("shape") or ()))
-                        for t, e in call.tensors.items() if t.startswith("forward.")))
+    st = [(t, dtype_class(str(e.get("dtype", ""))), tuple(e.get("shape") or ()))
+          for t, e in call.tensors.items() if t.startswith("forward.")]
+    if call.op in COMMUTATIVE:   # x + a and a + x: one structure (their rows: cross_operands)
+        ops = sorted((c, sh) for t, c, sh in st if t in _CROSS)
+        st = [e for e in st if e[0] not in _CROSS] + [(f"forward.input.operand{k}", c, sh)
+                                                      for k, (c, sh) in enumerate(ops)]
+    return tuple(sorted(st))
 
 
 def pair_calls(golden_calls: Sequence[Call], fresh_calls: Sequence[Call]
@@ -211,7 +220,77 @@ def pair_calls(golden_calls: Sequence[Call], fresh_calls: Sequence[Call]
     ids: Dict[str, int] = {}
     g = [ApiSig(c.op, "call", ids.setdefault(c.key, len(ids)), _struct(c)) for c in golden_calls]
     f = [ApiSig(c.op, "call", ids.setdefault(c.key, len(ids)), _struct(c)) for c in fresh_calls]
-    return [(j, i) for i, j in align(f, g)]
+    steps = align(f, g)
+    if any(c.sources for c in golden_calls) and any(c.sources for c in fresh_calls):
+        # independent calls made in another order (k's view before q's): paired by what they read
+        steps, _ = repair_by_dataflow([_FlowCall(c) for c in fresh_calls], [_FlowCall(c) for c in golden_calls],
+                                      f, g, steps)
+    return [(j, i) for i, j in steps]
+
+
+class _FlowCall:
+    """A golden call as the dataflow repair reads a call record: its key, direction and sources."""
+
+    __slots__ = ("key", "direction", "sources")
+
+    def __init__(self, call: Call) -> None:
+        self.key, self.direction, self.sources = call.key, records.FORWARD, call.sources
+
+
+_CROSS = {"forward.input.input": "forward.input.other", "forward.input.other": "forward.input.input",
+          "backward.output.input": "backward.output.other", "backward.output.other": "backward.output.input"}
+
+
+def paired_steps(golden: Golden, fresh: FreshDump) -> List[Tuple[Optional[int], Optional[int]]]:
+    """:func:`pair_calls` of the golden and this run, with each paired commutative call's operands
+    in the golden's order (:func:`cross_operands`, applied once per fresh dump)."""
+    steps = pair_calls(golden.calls, fresh.calls)
+    partner = {fresh.calls[fi].key: golden.calls[gi].key for gi, fi in steps if gi is not None and fi is not None}
+    for gi, fi in steps:
+        if gi is None or fi is None:
+            continue
+        f = fresh.calls[fi]
+        if f.key not in fresh.crossed and cross_operands(golden.calls[gi], f, partner):
+            fresh.crossed.add(f.key)
+            fresh.slots[f.key] = {_CROSS.get(t, t): v for t, v in fresh.slots.get(f.key, {}).items()}
+    return steps
+
+
+def cross_operands(g: Call, f: Call, partner: Dict[str, str]) -> bool:
+    """Rename the operands of ``f`` (this run) when they are ``g``'s (the golden's) crossed, for a
+    commutative call (``x + a`` against ``a + x``): by the dataflow, else by the values."""
+    if g.op not in COMMUTATIVE or f.op != g.op:
+        return False
+    a, b = "forward.input.input", "forward.input.other"
+    if not all(t in c.tensors for c in (g, f) for t in (a, b)):
+        return False
+    if (g.args or {}).get("alpha", 1) != 1:
+        return False
+    ga, gb, fa, fb = g.sources.get(a), g.sources.get(b), f.sources.get(a), f.sources.get(b)
+    crossed: Optional[bool] = None
+    if ga and gb and fa and fb and ga != gb:
+        if partner.get(fa[0]) == gb[0] and partner.get(fb[0]) == ga[0] and fa[1] == gb[1] and fb[1] == ga[1]:
+            crossed = True
+        elif partner.get(fa[0]) == ga[0] and partner.get(fb[0]) == gb[0]:
+            crossed = False
+    if crossed is None:
+        straight = _gap(g.tensors[a], f.tensors[a]) + _gap(g.tensors[b], f.tensors[b])
+        across = _gap(g.tensors[a], f.tensors[b]) + _gap(g.tensors[b], f.tensors[a])
+        crossed = across < 0.5 * straight
+    if crossed:
+        f.tensors = {_CROSS.get(t, t): e for t, e in f.tensors.items()}
+        f.sources = {_CROSS.get(t, t): v for t, v in f.sources.items()}
+    return crossed
+
+
+def _gap(g: Dict[str, Any], f: Dict[str, Any]) -> float:
+    """How far two entries are apart: inf for another shape, else the statistics' relative gaps."""
+    if g.get("shape") != f.get("shape"):
+        return math.inf
+    total = 0.0
+    for x, y in zip(_finite_stats(g) or (), _finite_stats(f) or ()):
+        total += abs(x - y) / max(abs(x), abs(y), 1e-30)
+    return total
 
 
 # ------------------------------------------------------------------------------ the checks
@@ -605,7 +684,7 @@ def check(golden: Golden, fresh: FreshDump, ignore: Sequence[str] = (), only: Se
     name substrings, matched against the stable key and the recorded API) and
     ``ignore_optimizer`` leave calls out, as in ``assert_precision``."""
     g_calls, f_calls = golden.calls, fresh.calls
-    steps = pair_calls(g_calls, f_calls)
+    steps = paired_steps(golden, fresh)
 
     def skipped(c: Call) -> bool:
         low = f"{c.key} {c.api}".lower()
@@ -772,7 +851,7 @@ def write_reference_dump(golden: Golden, fresh: FreshDump, dump_path: str, mode:
     values; its Python number records from the golden's arguments. The records are in this run's
     order (so ``compare()`` aligns them call by call); golden-only calls come last, under keys of
     their own (never paired)."""
-    steps = pair_calls(golden.calls, fresh.calls)
+    steps = paired_steps(golden, fresh)
     used = set(fresh.api_of.values())
     counters: Dict[str, int] = {}
     rows: List[Tuple[float, int, str]] = []
