@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -397,14 +397,22 @@ class Pairing:
                 f"another order), paired by their dataflow: {named}{more}")
 
 
-def _forward(a: ApiRec) -> bool:
+class FlowRecord(Protocol):
+    """What the dataflow repair reads of a call record (an ``ApiRec``, or a golden's call)."""
+
+    key: str
+    direction: str
+    sources: Dict[str, Tuple[str, str]]
+
+
+def _forward(a: FlowRecord) -> bool:
     return a.direction == "forward"
 
 
 class _Flow:
     """The two dumps' dataflow graphs over forward calls and the current partner of each call."""
 
-    def __init__(self, npu: Sequence[ApiRec], bench: Sequence[ApiRec], sn: Sequence[ApiSig], sb: Sequence[ApiSig],
+    def __init__(self, npu: Sequence[FlowRecord], bench: Sequence[FlowRecord], sn: Sequence[ApiSig], sb: Sequence[ApiSig],
                  steps: Sequence[Tuple[Optional[int], Optional[int]]]):
         self.sn, self.sb = sn, sb
         self.pn = [-1] * len(npu)
@@ -497,7 +505,7 @@ class _Flow:
         return out
 
 
-def _edges(apis: Sequence[ApiRec]) -> Dict[int, Dict[str, Tuple[int, str]]]:
+def _edges(apis: Sequence[FlowRecord]) -> Dict[int, Dict[str, Tuple[int, str]]]:
     """Forward call index -> {input slot: (producer's index, its output slot)} (producers in the dump)."""
     index = {a.key: k for k, a in enumerate(apis) if _forward(a)}
     out: Dict[int, Dict[str, Tuple[int, str]]] = {}
@@ -552,7 +560,7 @@ def _bottom_up(flow: _Flow, order: Sequence[int]) -> None:
             flow.try_swap(p, e[0], 0, True)
 
 
-def repair_by_dataflow(npu: Sequence[ApiRec], bench: Sequence[ApiRec], sn: Sequence[ApiSig], sb: Sequence[ApiSig],
+def repair_by_dataflow(npu: Sequence[FlowRecord], bench: Sequence[FlowRecord], sn: Sequence[ApiSig], sb: Sequence[ApiSig],
                        steps: List[Tuple[Optional[int], Optional[int]]]
                        ) -> Tuple[List[Tuple[Optional[int], Optional[int]]], Pairing]:
     """The sequence alignment's ``steps`` repaired by the dataflow both dumps record (each forward
@@ -598,7 +606,7 @@ def repair_by_dataflow(npu: Sequence[ApiRec], bench: Sequence[ApiRec], sn: Seque
     return steps, Pairing(paired, max(fwd_n, fwd_b), edges, agreeing, tuple(reordered), True)
 
 
-def _agreement(npu: Sequence[ApiRec], bench: Sequence[ApiRec],
+def _agreement(npu: Sequence[FlowRecord], bench: Sequence[FlowRecord],
                steps: Sequence[Tuple[Optional[int], Optional[int]]]) -> Tuple[int, int]:
     """``(edges, agreeing)`` of the pairing ``steps``, by keys (no graph built): an edge is a paired
     forward call's input whose producers are paired calls on both sides; it agrees when they are
@@ -633,7 +641,7 @@ def _backward_key(key: str) -> str:
     return key[: -len("forward")] + "backward" if key.endswith("_forward") else ""
 
 
-def _follow_backward(flow: _Flow, npu: Sequence[ApiRec], bench: Sequence[ApiRec], i: int, j: int) -> None:
+def _follow_backward(flow: _Flow, npu: Sequence[FlowRecord], bench: Sequence[FlowRecord], i: int, j: int) -> None:
     """The backward record of device call ``i`` pairs with that of its new partner ``j`` (both paired)."""
     kn, kb = _backward_key(npu[i].key), _backward_key(bench[j].key)
     if not kn or not kb:
