@@ -454,11 +454,13 @@ def _api_views(t: CompareTable, err: np.ndarray) -> List[_ApiView]:
     apis, npu_names, paired, passed = t[S.API], t[S.NPU_NAME], t[S.PAIRED], t[S.PASSED]
     nanm, io, fam, direction = t[S.NAN_MISMATCH], t[S.IO], t[S.FAMILY], t[S.DIRECTION]
     order, ctx, stack = t[S.ORDER], t[S.CTX], t[S.STACK]
-    ndt, bdt = t[S.NPU_DTYPE], t[S.BENCH_DTYPE]
+    ndt, bdt, arg = t[S.NPU_DTYPE], t[S.BENCH_DTYPE], t[S.ARG]
 
     views: Dict[str, _ApiView] = {}
     for i in range(n):
-        npu_side = paired[i] or (npu_names[i] not in ("", "nan", "None", "N/A"))
+        # an argument row belongs to its paired call (F.softmax's _stacklevel, given on the bench
+        # side only against torch.softmax, is no call of the bench's own)
+        npu_side = paired[i] or bool(arg[i]) or (npu_names[i] not in ("", "nan", "None", "N/A"))
         key = apis[i] if npu_side else apis[i] + "\x00bench"
         v = views.get(key)
         if v is None:

@@ -166,3 +166,15 @@ def test_operands_of_a_call_that_does_not_commute_are_never_crossed(dump_step, c
     assert not r.passed
     rows = dict(zip(r.table[S.NPU_NAME], r.table[S.BENCH_NAME]))
     assert rows["Tensor_sub_0_forward_input.0"] == "Tensor_sub_0_forward_input.0"
+
+
+def test_a_parameter_only_one_spelling_has_names_no_suspect(dump_step, compare_pair):
+    """``F.softmax`` records ``_stacklevel``; ``torch.softmax`` has no such parameter: the argument row
+    on the bench side only belongs to the paired call, not to a call of the bench's own."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, requires_grad=True)
+    npu = dump_step("npu", lambda: torch.softmax(x, -1).square().sum().backward())
+    bench = dump_step("bench", lambda: F.softmax(x, dim=-1).square().sum().backward())
+    for summary in (False, True):
+        r = compare_pair(npu, bench, out=f"out{summary}", summary_compare=summary)
+        assert r.passed and r.advice.suspects == [], [s.api for s in r.advice.suspects]
