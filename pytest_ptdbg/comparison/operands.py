@@ -105,8 +105,6 @@ def cross_operands(steps: Sequence[Tuple[Optional[ApiRec], Optional[ApiRec]]]) -
         for rec in (ba, bench_bwd.get((ba.family, ba.call_index))):
             if rec is None:
                 continue
-            for t in rec.tensors:
+            for t in rec.tensors:   # (the dataflow keeps its names: binding the dump again starts over)
                 t.param = _SWAP.get(t.param, t.param)
-            if rec.sources:
-                rec.sources = {_SWAP.get(k, k): v for k, v in rec.sources.items()}
     return out

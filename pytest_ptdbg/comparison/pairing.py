@@ -35,6 +35,7 @@ edge already agrees (the usual case) nothing is built: one pass over the edges b
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Sequence, Tuple
 
@@ -412,8 +413,8 @@ def _forward(a: FlowRecord) -> bool:
 class _Flow:
     """The two dumps' dataflow graphs over forward calls and the current partner of each call."""
 
-    def __init__(self, npu: Sequence[FlowRecord], bench: Sequence[FlowRecord], sn: Sequence[ApiSig], sb: Sequence[ApiSig],
-                 steps: Sequence[Tuple[Optional[int], Optional[int]]]):
+    def __init__(self, npu: Sequence[FlowRecord], bench: Sequence[FlowRecord], sn: Sequence[ApiSig],
+                 sb: Sequence[ApiSig], steps: Sequence[Tuple[Optional[int], Optional[int]]]):
         self.sn, self.sb = sn, sb
         self.pn = [-1] * len(npu)
         self.pb = [-1] * len(bench)
@@ -560,8 +561,8 @@ def _bottom_up(flow: _Flow, order: Sequence[int]) -> None:
             flow.try_swap(p, e[0], 0, True)
 
 
-def repair_by_dataflow(npu: Sequence[FlowRecord], bench: Sequence[FlowRecord], sn: Sequence[ApiSig], sb: Sequence[ApiSig],
-                       steps: List[Tuple[Optional[int], Optional[int]]]
+def repair_by_dataflow(npu: Sequence[FlowRecord], bench: Sequence[FlowRecord], sn: Sequence[ApiSig],
+                       sb: Sequence[ApiSig], steps: List[Tuple[Optional[int], Optional[int]]]
                        ) -> Tuple[List[Tuple[Optional[int], Optional[int]]], Pairing]:
     """The sequence alignment's ``steps`` repaired by the dataflow both dumps record (each forward
     call's ``ApiRec.sources``), and what the pairing found (:class:`Pairing`).
@@ -663,6 +664,43 @@ def pair_dumps(npu_apis: Sequence[ApiRec], bench_apis: Sequence[ApiRec], fuzzy: 
     """:func:`pair_apis` with the dataflow repair (:func:`repair_by_dataflow`), and its :class:`Pairing`."""
     sn = [signature(a) for a in npu_apis]
     sb = [signature(b) for b in bench_apis]
-    steps, report = repair_by_dataflow(npu_apis, bench_apis, sn, sb, align(sn, sb, fuzzy))
+    steps, moved = pair_leftovers(align(sn, sb, fuzzy), sn, sb)
+    steps, report = repair_by_dataflow(npu_apis, bench_apis, sn, sb, steps)
+    moved_fwd = tuple((npu_apis[i].key, bench_apis[j].key) for i, j in moved if _forward(npu_apis[i]))
+    if moved_fwd:
+        report = dataclasses.replace(report, reordered=moved_fwd + report.reordered)
     return [(npu_apis[i] if i is not None else None, bench_apis[j] if j is not None else None)
             for i, j in steps], report
+
+
+def pair_leftovers(steps: List[Tuple[Optional[int], Optional[int]]], sn: Sequence[ApiSig], sb: Sequence[ApiSig]
+                   ) -> Tuple[List[Tuple[Optional[int], Optional[int]]], List[Tuple[int, int]]]:
+    """Pair the calls an order-preserving alignment left on one side only because they were made in
+    another order (``b = x.sigmoid()`` moved before ``a = x.tanh()``): among the unpaired calls of
+    one operation, direction and tensor structure, when both sides have as many, the k-th with the
+    k-th. Returns the steps (each new pair where its device call was) and the new pairs; any other
+    one-sided call stays where it is."""
+    left_n: Dict[Tuple[str, str, tuple], List[int]] = {}
+    left_b: Dict[Tuple[str, str, tuple], List[int]] = {}
+    for i, j in steps:
+        if j is None and i is not None:
+            left_n.setdefault((sn[i].family, sn[i].direction, sn[i].structure), []).append(i)
+        elif i is None and j is not None:
+            left_b.setdefault((sb[j].family, sb[j].direction, sb[j].structure), []).append(j)
+    partner: Dict[int, int] = {}
+    for k, ii in left_n.items():
+        jj = left_b.get(k)
+        if jj is not None and len(jj) == len(ii):
+            partner.update(zip(ii, jj))
+    if not partner:
+        return steps, []
+    taken = set(partner.values())
+    out: List[Tuple[Optional[int], Optional[int]]] = []
+    for i, j in steps:
+        if i is None and j in taken:
+            continue
+        if j is None and i is not None and i in partner:
+            out.append((i, partner[i]))
+            continue
+        out.append((i, j))
+    return out, sorted(partner.items())

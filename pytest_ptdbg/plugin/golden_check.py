@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from pytest_ptdbg.comparison import arguments as A
 from pytest_ptdbg.comparison.binding import bind_apis
-from pytest_ptdbg.comparison.pairing import ApiSig, align, dtype_class, repair_by_dataflow
+from pytest_ptdbg.comparison.pairing import ApiSig, align, dtype_class, pair_leftovers, repair_by_dataflow
 from pytest_ptdbg.dump.reader import ApiRec, read_dump
 from pytest_ptdbg.format import manifest, records
 from pytest_ptdbg.judge.budget import SENTINEL, unit_roundoff
@@ -220,7 +220,7 @@ def pair_calls(golden_calls: Sequence[Call], fresh_calls: Sequence[Call]
     ids: Dict[str, int] = {}
     g = [ApiSig(c.op, "call", ids.setdefault(c.key, len(ids)), _struct(c)) for c in golden_calls]
     f = [ApiSig(c.op, "call", ids.setdefault(c.key, len(ids)), _struct(c)) for c in fresh_calls]
-    steps = align(f, g)
+    steps, _ = pair_leftovers(align(f, g), f, g)
     if any(c.sources for c in golden_calls) and any(c.sources for c in fresh_calls):
         # independent calls made in another order (k's view before q's): paired by what they read
         steps, _ = repair_by_dataflow([_FlowCall(c) for c in fresh_calls], [_FlowCall(c) for c in golden_calls],

@@ -178,3 +178,43 @@ def test_a_parameter_only_one_spelling_has_names_no_suspect(dump_step, compare_p
     for summary in (False, True):
         r = compare_pair(npu, bench, out=f"out{summary}", summary_compare=summary)
         assert r.passed and r.advice.suspects == [], [s.api for s in r.advice.suspects]
+
+
+def test_comparing_the_same_dumps_twice_gives_the_same_table(dump_step, compare_pair):
+    """Binding and the operand order are recomputed for each compare of the same read dumps."""
+    from pytest_ptdbg.comparison.table import build_table
+    from pytest_ptdbg.dump.reader import read_dump
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, requires_grad=True)
+    # both operands made by recorded calls: the dataflow decides their order
+    npu = read_dump(dump_step("npu", lambda: (x.tanh() + x.sigmoid()).square().sum().backward()).pkl)
+    bench = read_dump(dump_step("bench", lambda: (x.sigmoid() + x.tanh()).square().sum().backward()).pkl)
+    first = build_table(npu, bench)
+    second = build_table(npu, bench)
+    assert first[S.PASSED].all() and second[S.PASSED].all()
+    assert list(first[S.BENCH_NAME]) == list(second[S.BENCH_NAME])
+
+
+def test_independent_calls_of_other_operations_made_in_another_order_pair(dump_step, compare_pair):
+    """``a = x.tanh(); b = x.sigmoid()`` against ``b`` first: no order-preserving alignment keeps
+    both; the one-sided calls of one operation and structure on both sides are one call reordered,
+    which the compare says (a note) and passes; a call on one side only is still one."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, requires_grad=True)
+
+    def npu_step():
+        a = x.tanh()
+        b = x.sigmoid()
+        (a * b).sum().backward()
+
+    def bench_step():
+        b = x.sigmoid()
+        a = x.tanh()
+        (a * b).sum().backward()
+    r = compare_pair(dump_step("npu", npu_step), dump_step("bench", bench_step))
+    assert r.table[S.PAIRED].all() and r.passed
+    assert any("reordered" in n for n in r.notes), r.notes
+    extra = compare_pair(dump_step("npu2", lambda: (x.tanh() * x.sigmoid()).exp().sum().backward()),
+                         dump_step("bench2", bench_step), out="out2")
+    assert not extra.passed
