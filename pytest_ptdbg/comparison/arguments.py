@@ -45,7 +45,7 @@ from pytest_ptdbg.runtime import operations as O
 from pytest_ptdbg.runtime.dtypes import FLOATS, STEP_FLOATS
 
 __all__ = ["ArgLeaf", "MISSING", "IGNORED", "IGNORED_WHY", "FLOAT_RTOL", "call_spec", "compare_arguments",
-           "format_value", "is_scalar_record", "signature"]
+           "format_value", "is_scalar_record"]
 
 #: the one list of parameters that never change the numbers a call computes, each with why; neither
 #: the compare's argument rows nor the judgement's ``changed_args`` (``judge/own_error.py``) compare them
@@ -67,16 +67,6 @@ DIM_PARAMS = frozenset({"dim", "dim0", "dim1", "dims", "start_dim", "end_dim", "
 _RANK_PLUS_ONE = frozenset({"unsqueeze", "unsqueeze_", "stack"})
 #: relative difference below which two numbers are the same argument
 FLOAT_RTOL = 1e-3
-
-
-
-def signature(api_type: str, api_name: str) -> Optional[List[Tuple[str, Any]]]:
-    """``[(parameter, default or MISSING), ...]`` of an API's first overload (torch's own signature,
-    ``runtime/operations.py``), or None when unknown."""
-    sigs = O.signatures(api_type, api_name)
-    if not sigs:
-        return None
-    return [(p.name, MISSING if p.default is O.NO_DEFAULT else p.default) for p in sigs[0] if not p.variadic]
 
 
 # ------------------------------------------------------------------------------ values
