@@ -1,10 +1,7 @@
 """Shared by the plugin tests: ``tester`` (pytester for in-process inner sessions) and the inner
 sessions' model module ``netlib``."""
-import sys
-
 import pytest
-
-from _pytest.pytester import SysModulesSnapshot
+from inner_sessions import keep_library_modules
 
 #: an inner test module: a tiny model whose forward returns a scalar loss (default step:
 #: forward + backward), and a model variant with a sign flip in one op (a planted fault)
@@ -40,24 +37,9 @@ def train_step(model, batch):
 
 @pytest.fixture
 def tester(request, monkeypatch, tmp_path_factory):
-    """pytester whose in-process runs keep the library modules an inner session imported.
-
-    pytester drops every module imported during an inner run and during the test; torch cannot
-    be imported twice in one process (its native parts register once), so only modules of the
-    inner sessions' own files (under the base temp dir) are dropped. Patched before pytester
-    takes its first snapshot.
-    """
-    root = str(tmp_path_factory.getbasetemp())
-    orig = SysModulesSnapshot.__init__
-
-    def init(self, preserve=None):
-        def keep(name):
-            path = getattr(sys.modules.get(name), "__file__", None) or ""
-            return not path.startswith(root) or bool(preserve and preserve(name))
-        orig(self, preserve=keep)
-
-    monkeypatch.setattr(SysModulesSnapshot, "__init__", init)
-    pytester = request.getfixturevalue("pytester")
+    """pytester whose in-process runs keep the library modules an inner session imported
+    (``inner_sessions.keep_library_modules``: torch cannot be imported twice in one process)."""
+    pytester = keep_library_modules(request, monkeypatch, tmp_path_factory)
     # these inner sessions pin the live device-vs-bench comparison: goldens off (the golden
     # tests in test_plugin_golden.py clear this), and never in CI mode (pytester clears
     # PYTEST_ADDOPTS when it starts: set after it)
