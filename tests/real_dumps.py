@@ -16,7 +16,7 @@ import example_models as em
 from locations import StepDump, step_paths
 from pytest_ptdbg import PrecisionDebugger
 
-__all__ = ["StepDump", "dump_one_step", "dump_user_step", "patched", "perturb", "relu_times", "seeded",
+__all__ = ["StepDump", "dump_one_step", "dump_user_step", "kernel_times", "patched", "perturb", "relu_times", "seeded",
            "step_paths"]
 
 
@@ -94,17 +94,24 @@ def seeded(seed: int = 0):
     yield
 
 
-def relu_times(k: float) -> Callable[[Any], Any]:
-    """A relu patched to scale its output by ``k`` inside the kernel: capture sees relu only
-    (use as ``patched(torch, "relu", relu_times(1.001)(torch.relu))``)."""
+def kernel_times(k: float, module: str = "torch") -> Callable[[Any], Any]:
+    """A kernel patched to scale its output by ``k`` inside it: capture sees the API only, named
+    as ``module``'s (use as ``patched(F, "linear", kernel_times(1 + 5e-7, "torch.nn.functional")(F.linear))``)."""
     def make(orig: Any) -> Any:
-        def relu(*args: Any, **kwargs: Any) -> Any:
+        def kernel(*args: Any, **kwargs: Any) -> Any:
             ts = tuple(a for a in args if isinstance(a, torch.Tensor))
             if torch.overrides.has_torch_function(ts):
-                return torch.overrides.handle_torch_function(relu, ts, *args, **kwargs)
+                return torch.overrides.handle_torch_function(kernel, ts, *args, **kwargs)
             out = orig(*args, **kwargs)
             with torch._C.DisableTorchFunction():
                 return out * k
-        relu.__module__ = "torch"
-        return relu
+        kernel.__module__ = module
+        kernel.__name__ = kernel.__qualname__ = orig.__name__
+        return kernel
     return make
+
+
+def relu_times(k: float) -> Callable[[Any], Any]:
+    """A relu patched to scale its output by ``k`` inside the kernel: capture sees relu only
+    (use as ``patched(torch, "relu", relu_times(1.001)(torch.relu))``)."""
+    return kernel_times(k, "torch")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from real_dumps import dump_user_step, patched
+from real_dumps import dump_user_step, kernel_times, patched
 from pytest_ptdbg.cli import replay as replay_cli
 from pytest_ptdbg.dump import reader
 from pytest_ptdbg.format import records
@@ -22,18 +22,7 @@ from pytest_ptdbg.repro.script import write_script
 
 def _linear_times(k: float):
     """F.linear scaling its output by ``k`` inside the kernel (capture sees linear only)."""
-    orig = torch.nn.functional.linear
-
-    def linear(*args, **kwargs):
-        ts = tuple(a for a in args if isinstance(a, torch.Tensor))
-        if torch.overrides.has_torch_function(ts):
-            return torch.overrides.handle_torch_function(linear, ts, *args, **kwargs)
-        out = orig(*args, **kwargs)
-        with torch._C.DisableTorchFunction():
-            return out * k
-    linear.__module__ = "torch.nn.functional"
-    linear.__name__ = linear.__qualname__ = "linear"
-    return linear
+    return kernel_times(k, "torch.nn.functional")(torch.nn.functional.linear)
 
 
 @pytest.fixture(scope="module")
