@@ -140,7 +140,9 @@ def _guess(func: Callable) -> Optional[Tuple[str, str]]:
     qual = getattr(func, "__qualname__", "") or ""
     if qual.startswith(("getset_descriptor", "member_descriptor", "property")):
         return None
-    if module.startswith("torch.nn.functional"):
+    if module.startswith(("torch.nn.functional", "torch._C._nn")):
+        # torch._C._nn holds torch.nn.functional's C functions (F.linear): named as F names them
+        # even when F's attribute was patched while the table was built
         return ("Functional", name)
     if qual.startswith(("Tensor.", "TensorBase.", "_TensorBase.")):
         return ("Tensor", name)
