@@ -74,6 +74,9 @@ REF = "@"
 #: the largest golden file read (a golden is a few hundred KB at most)
 MAX_BYTES = 64 * 1024 * 1024
 _UNSAFE = re.compile(r"[^A-Za-z0-9._\-=+,]")
+#: what a golden's ``api`` and tensor slots may be (they name the reference dump's records)
+_API_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+_SLOT_NAME = re.compile(r"(input|output)(\.[A-Za-z0-9_]+)*\Z")
 _ARTIFACT_UNSAFE = re.compile(r"[^A-Za-z0-9._\-\[\]=+,]")
 
 
@@ -314,6 +317,9 @@ def _line_problem(obj: Dict[str, Any]) -> str:
     """What is wrong with one call line ("" when nothing)."""
     if not isinstance(obj.get("k"), str) or not isinstance(obj.get("api", ""), str):
         return "a golden call line needs 'k' (and 'api') strings"
+    if obj.get("api") and not _API_NAME.match(obj["api"]):
+        # the reference dump names its records after it
+        return f"'api' must be a recorded API name (Type_name), not {obj['api'][:60]!r}"
     if obj.get("args") is not None and not isinstance(obj.get("args"), dict):
         return "'args' must be an object or null"
     extra = set(obj) - {"k", "api", "args", *DIRECTIONS}
@@ -324,6 +330,8 @@ def _line_problem(obj: Dict[str, Any]) -> str:
         if not isinstance(tensors, dict):
             return f"'{direction}' must be an object"
         for slot, entry in tensors.items():
+            if not _SLOT_NAME.match(slot):
+                return f"'{direction}' holds {slot[:60]!r}, not a tensor slot (input.weight, output.0)"
             why = _entry_problem(f"{direction}.{slot}", entry)
             if why:
                 return why

@@ -47,6 +47,10 @@ def test_crafted_statistics_name_the_line(stat, why):
     (lambda t: t.replace('"output.0":"', '"output.0":"x').replace(
         '"forward":{"output.0":[', '"forward":{"input.input":"@forward.output.9 model.x/y#0","output.0":['),
      "refers to forward.output.9 of model.x/y#0, which the golden does not hold"),
+    # the reference dump names its records after the api and the slots: names only
+    (lambda t: t.replace('"Functional_linear"', '"../x y"'), "'api' must be a recorded API name"),
+    (lambda t: t.replace('"forward":{"output.0":["float32",[2,4],[1.0',
+                         '"forward":{"../output.0":["float32",[2,4],[1.0'), "not a tensor slot"),
 ])
 def test_malformed_lines_name_the_line(edit, why):
     text = edit(golden.render(HEAD, [CALL, OTHER]))
