@@ -240,13 +240,19 @@ def _schema_signatures(name: str) -> Tuple[Signature, ...]:
 
 
 def _callable(api_type: str, api_name: str) -> Any:
-    torch = sys.modules.get("torch") or _torch()
-    owner: Any = {"Functional": torch.nn.functional, "Tensor": torch.Tensor, "VF": torch._VF,
-                  "Aten": None}.get(api_type, torch)
-    try:
-        return getattr(owner, api_name, None) if owner is not None else None
-    except Exception:  # a lazy attribute that fails to load
+    """The function a recorded name names, looked up statically: a name from a dump never runs a
+    module's lazy ``__getattr__`` (an import) or a descriptor."""
+    if not api_name.isidentifier():
         return None
+    torch = sys.modules.get("torch") or _torch()
+    owner: Any = {"Functional": torch.nn.functional, "Tensor": torch.Tensor,
+                  "VF": torch._C._VariableFunctions, "Aten": None}.get(api_type, torch)
+    if owner is None:
+        return None
+    found = inspect.getattr_static(owner, api_name, None)
+    if isinstance(found, (staticmethod, classmethod)):
+        found = found.__func__
+    return found if callable(found) else None
 
 
 def signatures(api_type: str, api_name: str) -> Tuple[Signature, ...]:

@@ -107,3 +107,23 @@ def test_naming_an_operation_needs_no_torch():
     code = ("import sys; from pytest_ptdbg.runtime.operations import operation; "
             "assert operation('Torch', 'divide').name == 'div'; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_name_from_a_dump_is_looked_up_without_running_lazy_attributes(monkeypatch):
+    """``torch.__getattr__`` imports submodules on first access: a recorded name never triggers it."""
+    import torch
+
+    called = []
+    real = getattr(torch, "__getattr__", None)
+
+    def spy(name):
+        called.append(name)
+        if real is None:
+            raise AttributeError(name)
+        return real(name)
+    monkeypatch.setattr(torch, "__getattr__", spy, raising=False)
+    assert signatures("Torch", "onnx_no_such_lazy_name") == ()
+    assert signatures("Torch", "../x") == ()
+    assert called == []
+    (sig,) = signatures("Torch", "einsum")[:1]   # a Python function of torch: its own signature
+    assert sig[0].name == "equation"
