@@ -793,6 +793,9 @@ def _no_storage(t: torch.Tensor) -> bool:
         return t.numel() > 0 and t.data_ptr() == 0
     except Exception:  # noqa: BLE001 - no data pointer at all
         return True
+#: why a pending record was dropped at the flush (see DumpSink._measure)
+_STALE = ("its tensor was written before its statistics were read, by a write capture does not see "
+          "(no recorded in-place call; e.g. through numpy or a compiled region)")
 #: the state of a call whose forward is done and whose backward is awaited
 _BWD_ONLY = (True, True, None, None)
 #: records wait in memory (their statistics measured together, see DumpSink) until this many
@@ -813,15 +816,21 @@ class DumpSink(Sink):
     modes that have stacks, and one line per gradient.
 
     Deferred, batched statistics: a small dense floating CPU tensor (at most :data:`SNAP_NUMEL`
-    elements) is *snapshotted* (cloned) at the moment it is recorded (an input at the call's
-    entry, an output at its return, a gradient when autograd hands it over), and the statistics
-    of all waiting snapshots are computed together (``stats.batch_stat_columns``) when the queue is
-    written: at :data:`QUEUE_MAX` records or :data:`SNAP_MAX_ELEMS` snapshot elements, before
-    every ``Distributed``/``NPU`` call, and at ``stop()``/``step()``. Records are therefore true
-    as at entry/return (the snapshot is taken then) and go to the ``.pkl`` in their order, in
-    whole lines. A snapshot of a tensor of at least ``cache.min_numel`` elements is reused for
-    the same data at the same version (the output of one call recorded again as the next one's
-    input), under the same rules as :class:`stats.StatsCache`, which receives the results.
+    elements) is *referenced* when it is recorded (an input at the call's entry, an output at its
+    return, a gradient when autograd hands it over), with its version counter and data pointer,
+    and the statistics of all waiting records are computed together (``stats.batch_stat_columns``)
+    when the queue is written: at :data:`QUEUE_MAX` records or :data:`SNAP_MAX_ELEMS` elements,
+    before every ``Distributed``/``NPU`` call, and at ``stop()``/``step()``. No copy is made unless
+    a write may come before the flush: a call that writes its inputs (in place, ``out=``, BatchNorm's
+    running statistics, collectives) first copies every referenced record (:meth:`_materialize`),
+    and its own inputs are copied once recorded. Records are therefore true as at entry/return;
+    one whose tensor was still changed unseen before the flush (another version or memory) is
+    dropped with a warning, never written with numbers it did not have. Records go to the
+    ``.pkl`` in their order, in whole lines. The same tensor at the same version recorded again
+    in one batch (one call's output as the next one's input) shares its holder; a tensor of at
+    least ``cache.min_numel`` elements is also looked up in :class:`stats.StatsCache`, which
+    receives the results. (Holding the gradient object itself also keeps autograd from
+    accumulating into it in place: the same numbers, summed out of place.)
     """
 
     def __init__(self, config: DebugConfig, rank_dir: str) -> None:
@@ -846,8 +855,10 @@ class DumpSink(Sink):
         self._pending: list = []
         self._snaps: list = []  # snapshot holders not yet measured
         self._snap_elems = 0
-        self._slots: dict = {}  # cache key -> holder, for snapshots of tensors >= cache.min_numel
-        self._recent: Any = collections.deque(maxlen=4)  # see StatsCache: keeps memory from reuse
+        #: id(tensor) -> the holder of its pending record, while the holder still references it
+        self._ids: dict = {}
+        self._live: list = []  # holders that reference the recorded tensor itself (no copy yet)
+        self._keyed: dict = {}  # cache key -> the holders offered to the cache at the flush
         sel = self.selector
         # decisions that do not depend on the call, made once
         self._every_call = sel.mode not in ("list", "range", "api_list")
@@ -862,10 +873,10 @@ class DumpSink(Sink):
 
     # -- records ---------------------------------------------------------------------------
     def _tensor(self, key: str, v: Any, ctx: str, lines: list, spec: _Spec, fresh: bool,
-                leaf: Any = None) -> None:
+                leaf: Any = None, grad: bool = False) -> None:
         """Append the record of tensor ``v`` (its statistics now or, for a small tensor, a
-        snapshot to be measured with the batch) to ``lines``. ``leaf``: for a gradient, the leaf
-        it is produced for (see ``StatsCache.grad_stats``)."""
+        reference to be measured with the batch) to ``lines``. ``grad``: ``v`` is a gradient
+        autograd handed over; ``leaf``: the leaf it is produced for (see ``StatsCache.grad_stats``)."""
         if self.filter_on and filtered_out(v):
             return
         cache = self.cache
@@ -876,23 +887,30 @@ class DumpSink(Sink):
             if 0 < n <= SNAP_NUMEL:
                 ver = v._version
                 link = False
-                # the same data at the same version recorded again in this batch (one call's
-                # output is the next one's input): its holder, snapshotted and measured once
-                dk = (v.data_ptr(), v.dtype, v.shape, v.stride(), None)
-                h = self._slots.get(dk)
-                if h is not None and h[5] == ver and h[4]() is not None:
+                # the same tensor at the same version recorded again in this batch (one call's
+                # output is the next one's input): one holder, measured once
+                h = self._ids.get(id(v))
+                if h is not None and h[7] is v and h[5] == ver:
                     link = True
                 else:
                     h = cache.peek(v) if n >= cache.min_numel else None  # an earlier batch or step
                     if h is not None:
                         link = True
                     else:
-                        # only tensors of cache.min_numel or more are offered to the cache
-                        h = [v.detach().clone(), dtype_name(v.dtype), tuple(v.shape),
-                             dk if n >= cache.min_numel else None, _ref(v), ver, None]
-                        self._slots[dk] = h
-                        self._recent.append(v)
+                        # a reference, not a copy: the data is read at the flush unless a write
+                        # may come first (_materialize). A forward tensor is held as a detached
+                        # alias (its memory even if ``.data`` is reassigned), a gradient as itself
+                        # (autograd then never sums into it in place). Only tensors of
+                        # cache.min_numel or more are offered to the cache.
+                        big = n >= cache.min_numel
+                        dk = cache.data_key(v) if big else None
+                        h = [v if grad else v.detach(), None, None, dk, _ref(v) if big else None, ver, None,
+                             v, v.data_ptr()]
+                        self._ids[id(v)] = h
+                        if big:
+                            self._keyed.setdefault(dk, []).append(h)
                         self._snaps.append(h)
+                        self._live.append(h)
                         self._snap_elems += n
                 npy = self._save(key, v, link) if self.save_data else None
                 lines.append((key, h, v.requires_grad, ctx, npy, spec))
@@ -1011,11 +1029,16 @@ class DumpSink(Sink):
             return False  # the dump stopped on a write error (reported once by the writer)
         if self._pending and call.api_type in _OPAQUE_TYPES:
             self._write_pending()  # a collective may hang: what came before it is on disk
+        # the call may write data whose pending records are not read yet: they are copied once its
+        # own inputs are recorded (which may share them), before it runs
+        writes = call.inplace or call.api_type in _OPAQUE_TYPES or (call.api_type, call.api_name) in _WRITES_INPUTS
         if self._every_call:
             fwd = bwd = True
         else:
             fwd, bwd = self.selector.directions(call)
             if not (fwd or bwd):
+                if writes and self._live:
+                    self._materialize()
                 if (call.api_type, call.api_name) in _WRITES_INPUTS or call.api_type in _OPAQUE_TYPES:
                     self._forget_inputs(call)  # nothing caches them before the kernel runs
                 return False
@@ -1040,6 +1063,8 @@ class DumpSink(Sink):
                     spec = self._records(call.forward_key, "input", items, call.ctx, lines, spec)
             if self.with_stack:
                 call.stack  # noqa: B018 - reading the property extracts the stack, while the frames are live
+        if writes and self._live:
+            self._materialize()
         call.state[self] = (fwd, bwd, lines, spec)
         return True
 
@@ -1083,17 +1108,36 @@ class DumpSink(Sink):
         """The call's kernel may have written its inputs without a version bump: their cached
         statistics (and files saved for them, which the cache vouches for) are stale."""
         items = list(call.args) + list(call.kwargs.values()) if call.kwargs else call.args
-        slots = self._slots
+        keyed = self._keyed
         for _, v in iter_tensors(items):
             if isinstance(v, _Tensor):
                 self.cache.forget(v)
-                if slots:
+                if keyed:
                     try:
-                        h = slots.pop(self.cache.data_key(v), None)
+                        hs = keyed.pop(self.cache.data_key(v), ())
                     except Exception:  # pragma: no cover - a tensor kind without data_ptr
-                        h = None
-                    if h is not None:
+                        hs = ()
+                    for h in hs:
                         h[3] = None  # its statistics are true for its record, never reused
+
+    def _materialize(self) -> None:
+        """Copy the data of every pending record that still references its tensor (a write may
+        come before the flush reads it); a holder copied is no longer shared by later records."""
+        live, self._live = self._live, []
+        ids = self._ids
+        with isolated(), torch.no_grad():
+            for h in live:
+                v = h[7]
+                if v is None:
+                    continue
+                h[7] = None
+                if ids.get(id(v)) is h:
+                    del ids[id(v)]
+                t = h[0]
+                if t._version != h[5] or t.data_ptr() != h[8]:
+                    h[0] = None  # written since it was recorded, unseen: _measure drops the record
+                    continue
+                h[0] = t.detach().clone()
 
     def on_backward(self, call: ApiCall, io: str, index: Tuple[int, ...], grad: Any) -> None:
         st = call.state.get(self)
@@ -1108,7 +1152,7 @@ class DumpSink(Sink):
                 leaf = call.input_at(index)
                 if leaf is not None and not getattr(leaf, "is_leaf", False):
                     leaf = None
-            self._tensor(key, grad, call.ctx, lines, None, False, leaf)
+            self._tensor(key, grad, call.ctx, lines, None, False, leaf, True)
         except Exception as e:
             report_internal_error(f"record {key}", e, self)
             return
@@ -1126,29 +1170,53 @@ class DumpSink(Sink):
             self._write_pending()
 
     def _measure(self) -> None:
-        """Statistics of every waiting snapshot, in one batch; the cache learns those it may reuse."""
+        """Statistics of every waiting snapshot, in one batch; the cache learns those it may reuse.
+
+        A holder that still references its tensor (no copy was needed) is read now, if the tensor
+        is as it was recorded (same version, same memory); otherwise its record is dropped (see
+        :meth:`_write_pending`), never written with numbers it did not have."""
         snaps, self._snaps = self._snaps, []
         self._snap_elems = 0
-        self._slots = {}
+        self._live = []
+        self._ids = {}
+        self._keyed = {}
         if not snaps:
             return
         cache = self.cache
+        tensors: list = []
+        kept: list = []
+        # outside the user's autocast and modes (a flush may run inside them); the recorded
+        # tensors themselves may require grad
+        with isolated():
+            for h in snaps:
+                if h[7] is not None:  # not copied: still as recorded?
+                    h[7] = None
+                    t = h[0]
+                    if t._version != h[5] or t.data_ptr() != h[8]:
+                        h[0] = None
+                t = h[0]
+                if t is None:
+                    continue  # written unseen since it was recorded: h[6] stays None
+                h[1] = dtype_name(t.dtype)
+                h[2] = tuple(t.shape)
+                tensors.append(t)
+                kept.append(h)
         try:
-            with isolated():  # outside the user's autocast and modes (a flush may run inside them)
-                mx, mn, mean, l2, nan, inf, ok = batch_stat_columns([h[0] for h in snaps])
+            with isolated(), torch.no_grad():
+                mx, mn, mean, l2, nan, inf, ok = batch_stat_columns(tensors)
         except Exception as e:  # noqa: BLE001 - one by one instead: the same numbers, nothing lost
             report_internal_error("batch statistics", e, None,
                                   "these records are measured one by one instead, none is missing")
-            with isolated():
-                for h in snaps:
+            with isolated(), torch.no_grad():
+                for h in kept:
                     st = _one_stats(h[0], h[1], h[2])
                     h[6] = _body(st)
                     h[0] = None
                     if h[3] is not None:
                         cache.put(h[3], h[4], h[5], st)
             return
-        for j, h in enumerate(snaps):
-            h[0] = None  # the snapshot's memory goes
+        for j, h in enumerate(kept):
+            h[0] = None  # the snapshot's memory (or the reference) goes
             try:
                 h[6] = _measured_body(h[1], h[2], mx[j], mn[j], mean[j], l2[j], ok[j], nan[j], inf[j])
                 if h[3] is not None:
@@ -1158,6 +1226,10 @@ class DumpSink(Sink):
                 report_internal_error("batch statistics record", e, self)
 
     def _write_pending(self) -> None:
+        if self.writer.failure is not None:  # the dump stopped (reported once): nothing more is written
+            self._pending, self._snaps, self._live, self._ids, self._keyed = [], [], [], {}, {}
+            self._snap_elems = 0
+            return
         if self._snaps:
             self._measure()
         pending = self._pending
@@ -1172,11 +1244,14 @@ class DumpSink(Sink):
                 try:
                     h = e[1]
                     # a holder measured in this batch, or the statistics the cache had
-                    append(body_line(e[0], h[6] if type(h) is list else _body(h), e[2], e[3], e[4], e[5]))
+                    body = h[6] if type(h) is list else _body(h)
+                    if body is None:
+                        report_internal_error(f"record {e[0]}", RuntimeError(_STALE), self)
+                        continue
+                    append(body_line(e[0], body, e[2], e[3], e[4], e[5]))
                 except Exception as exc:  # noqa: BLE001 - a snapshot measured nowhere: drop it
                     report_internal_error(f"record {e[0]}", exc, self)
             self.writer.write("".join(out))
-        self._recent.clear()
 
     def _stack_line(self, api: str, frames: list) -> str:
         """The stack record line; the frames' JSON is cached (``extract_stack`` shares lists)."""
