@@ -133,6 +133,12 @@ class CaptureEngine:
         #: (func, #args, kwargs names, (index, ndim) of inputs requiring grad) -> whether the
         #: gradients of the inputs can be tapped on the API's own autograd nodes (no aliases)
         self._node_ok: Dict[Any, bool] = {}
+        #: node-tap key -> [(edge slot of the output's node, position in the inputs), ...] where every
+        #: input's gradient is one edge of the output's own node (verified per call, not walked),
+        #: and the slots the node hook reads
+        self._direct: Dict[Any, List[Tuple[int, int]]] = {}
+        self._direct_slots: Dict[Any, list] = {}
+        self._direct_edges: Dict[Any, int] = {}
         self._bw_of: Any = None  # (sinks list, its sinks that want backward)
         self._frozen = False  # the heap as at start() is frozen for the collector (runtime/gc_pause.py)
 
@@ -467,6 +473,11 @@ class CaptureEngine:
             return False
         if gf is None or not out.requires_grad:
             return False  # the output carries no gradient: there is none to record
+        direct = self._direct.get(key)
+        if direct is not None and self._direct_hit(gf, direct, inputs, self._direct_edges[key]):
+            # learned: every input's gradient is an edge of the output's own node (checked, not walked)
+            gf.register_hook(_NodeHook(self, call, sinks, self._direct_slots[key], out.output_nr))
+            return True
         nonleaf: Dict[Tuple[int, int], Tuple[int, ...]] = {}
         leaves: Dict[int, Tuple[int, ...]] = {}
         for idx, t in inputs:
@@ -493,10 +504,33 @@ class CaptureEngine:
             by_node.setdefault(k, []).append((slot, idx))
         top = by_node.pop(id(gf), [])
         top.sort(key=lambda e: e[1])
+        if not by_node and len(self._direct) < 20000:  # all on the output's node: checked, not walked, next time
+            pos_of = {idx: j for j, (idx, _t) in enumerate(inputs)}
+            self._direct[key] = [(slot, pos_of[idx]) for slot, idx in top]
+            self._direct_slots[key] = top
+            self._direct_edges[key] = len(gf.next_functions)
         gf.register_hook(self._make_node_hook(call, sinks, top, out.output_nr))
         for k, slots in by_node.items():
             slots.sort(key=lambda e: e[1])
             nodes[k].register_hook(self._make_node_hook(call, sinks, slots, -1))
+        return True
+
+    @staticmethod
+    def _direct_hit(gf: Any, direct: List[Tuple[int, int]], inputs: list, edges: int) -> bool:
+        """Whether edge ``slot`` of ``gf`` leads to input ``pos`` for each learned pair (and the node
+        has as many edges as when it was learned)."""
+        nf = gf.next_functions
+        if len(nf) != edges:
+            return False
+        for slot, pos in direct:
+            t = inputs[pos][1]
+            nxt, nr = nf[slot]
+            tgf = t.grad_fn
+            if tgf is None:
+                if type(nxt) is not _ACC or nxt.variable is not t:
+                    return False
+            elif nxt is not tgf or nr != t.output_nr:
+                return False
         return True
 
     def _make_node_hook(self, call: ApiCall, sinks: list, slots: list, out_nr: int) -> Callable:

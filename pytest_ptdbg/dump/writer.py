@@ -876,9 +876,18 @@ class DumpSink(Sink):
                 leaf: Any = None, grad: bool = False) -> None:
         """Append the record of tensor ``v`` (its statistics now or, for a small tensor, a
         reference to be measured with the batch) to ``lines``. ``grad``: ``v`` is a gradient
-        autograd handed over; ``leaf``: the leaf it is produced for (see ``StatsCache.grad_stats``)."""
+        autograd handed over; ``leaf``: ``(call, input index)`` it is produced for (a leaf there is
+        looked up only when needed: see ``StatsCache.grad_stats``)."""
         if self.filter_on and filtered_out(v):
             return
+        if not fresh:
+            # the same tensor, unchanged, already waiting in this batch (one call's output is the
+            # next one's input): its holder, without the checks below (it passed them)
+            h = self._ids.get(id(v))
+            if h is not None and h[7] is v and h[5] == v._version and h[8] == v.data_ptr():
+                npy = self._save(key, v, True) if self.save_data else None
+                lines.append((key, h, v.requires_grad, ctx, npy, spec))
+                return
         cache = self.cache
         tv = type(v)
         if not fresh and (tv is _Tensor or tv is _Param) and v.dtype in BATCH_DTYPES and v.is_cpu \
@@ -887,38 +896,32 @@ class DumpSink(Sink):
             if 0 < n <= SNAP_NUMEL:
                 ver = v._version
                 link = False
-                # the same tensor at the same version recorded again in this batch (one call's
-                # output is the next one's input): one holder, measured once
-                h = self._ids.get(id(v))
-                if h is not None and h[7] is v and h[5] == ver:
+                h = cache.peek(v) if n >= cache.min_numel else None  # an earlier batch or step
+                if h is not None:
                     link = True
                 else:
-                    h = cache.peek(v) if n >= cache.min_numel else None  # an earlier batch or step
-                    if h is not None:
-                        link = True
-                    else:
-                        # a reference, not a copy: the data is read at the flush unless a write
-                        # may come first (_materialize). A forward tensor is held as a detached
-                        # alias (its memory even if ``.data`` is reassigned), a gradient as itself
-                        # (autograd then never sums into it in place). Only tensors of
-                        # cache.min_numel or more are offered to the cache.
-                        big = n >= cache.min_numel
-                        dk = cache.data_key(v) if big else None
-                        h = [v if grad else v.detach(), None, None, dk, _ref(v) if big else None, ver, None,
-                             v, v.data_ptr()]
-                        self._ids[id(v)] = h
-                        if big:
-                            self._keyed.setdefault(dk, []).append(h)
-                        self._snaps.append(h)
-                        self._live.append(h)
-                        self._snap_elems += n
+                    # a reference, not a copy: the data is read at the flush unless a write
+                    # may come first (_materialize). A forward tensor is held as a detached
+                    # alias (its memory even if ``.data`` is reassigned), a gradient as itself
+                    # (autograd then never sums into it in place). Only tensors of
+                    # cache.min_numel or more are offered to the cache.
+                    big = n >= cache.min_numel
+                    dk = cache.data_key(v) if big else None
+                    h = [v if grad else v.detach(), None, None, dk, _ref(v) if big else None, ver, None,
+                         v, v.data_ptr()]
+                    self._ids[id(v)] = h
+                    if big:
+                        self._keyed.setdefault(dk, []).append(h)
+                    self._snaps.append(h)
+                    self._live.append(h)
+                    self._snap_elems += n
                 npy = self._save(key, v, link) if self.save_data else None
                 lines.append((key, h, v.requires_grad, ctx, npy, spec))
                 return
         if fresh:
             st = cache.fresh(v)
         elif leaf is not None:
-            st = cache.grad_stats(v, leaf)
+            st = cache.grad_stats(v, _leaf_of(*leaf))
         else:
             st = cache.stats(v)
         # a file saved earlier is reused only for data the cache vouches for
@@ -1147,12 +1150,7 @@ class DumpSink(Sink):
         key = f"{api}_{io}.{index[0]}" if len(index) == 1 else records.tensor_key(api, io, index)
         lines: list = []
         try:
-            leaf = None
-            if io == "output":
-                leaf = call.input_at(index)
-                if leaf is not None and not getattr(leaf, "is_leaf", False):
-                    leaf = None
-            self._tensor(key, grad, call.ctx, lines, None, False, leaf, True)
+            self._tensor(key, grad, call.ctx, lines, None, False, (call, index) if io == "output" else None, True)
         except Exception as e:
             report_internal_error(f"record {key}", e, self)
             return
@@ -1317,6 +1315,12 @@ def _sources(made_by: Dict[int, Tuple[Any, str]], items: Any, prefix: str = "inp
             one = f'"{prefix}{i}": {e[1]}'
             out = f"{out}, {one}" if out else one
     return out
+
+
+def _leaf_of(call: ApiCall, index: Tuple[int, ...]) -> Any:
+    """The leaf tensor (a parameter) at input ``index`` of ``call``, or None."""
+    v = call.input_at(index)
+    return v if v is not None and getattr(v, "is_leaf", False) else None
 
 
 def _one_stats(t: torch.Tensor, dname: str, shape: Tuple[int, ...]) -> TensorStats:
