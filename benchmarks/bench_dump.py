@@ -47,9 +47,9 @@ import torch  # noqa: E402
 import example_models as em  # noqa: E402
 from pytest_ptdbg import PrecisionDebugger  # noqa: E402
 
-#: issue 12's goals (ratio to the plain step, same run)
+#: issue 21's goals (ratio to the plain step, same run)
 TARGETS = {
-    ("loop", "stats"): 2.35,
+    ("loop", "stats"): 2.35, ("loop", "full"): 8.0,
     ("gpt2_tiny", "stats"): 1.5, ("gpt2_tiny", "full"): 4.0,
     ("gpt2_4l", "stats"): 1.1, ("gpt2_4l", "full"): 1.8,
     ("transformer", "stats"): 1.1, ("transformer", "full"): 1.8,
@@ -158,6 +158,52 @@ class PtdbgRunner:
         return dt
 
 
+class FloorRunner:
+    """The interception floor: a bare ``TorchFunctionMode`` that only calls each function."""
+
+    def __init__(self) -> None:
+        from torch.overrides import TorchFunctionMode
+
+        class _Bare(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        self.mode = _Bare
+
+    def __call__(self, step: Callable[[], None]) -> float:
+        t0 = CLOCK()
+        with self.mode():
+            step()
+        return CLOCK() - t0
+
+
+class DebugModeRunner:
+    """torch's own ``DebugMode`` (``torch.utils._debug_mode``) recording every aten call with
+    tensor hashes (``log_tensor_hashes``: a norm per output), optionally with stack traces; its
+    log is built into a string (``debug_string``), as a user reading it would."""
+
+    def __init__(self, stacks: bool) -> None:
+        from torch.utils._debug_mode import DebugMode
+
+        self.cls = DebugMode
+        self.stacks = stacks
+
+    def __call__(self, step: Callable[[], None]) -> float:
+        t0 = CLOCK()
+        with self.cls(record_stack_trace=self.stacks) as dm, self.cls.log_tensor_hashes():
+            step()
+        dm.debug_string()
+        return CLOCK() - t0
+
+
+def _debug_mode_available() -> bool:
+    try:
+        from torch.utils._debug_mode import DebugMode  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
 class MsprobeRunner:  # pragma: no cover - only where mindstudio-probe is installed
     """msprobe's PrecisionDebugger (a per-process singleton, so one task per run: statistics)."""
 
@@ -198,7 +244,8 @@ def _msprobe_runner(out: str):
         return None
 
 
-def bench(name: str, reps: int, out_root: str, with_full: bool, shared_model: bool = False) -> Dict[str, float]:
+def bench(name: str, reps: int, out_root: str, with_full: bool, shared_model: bool = False,
+          peers: bool = True) -> Dict[str, float]:
     shared = make_workload(name) if shared_model else None
 
     def workload() -> Callable[[], None]:
@@ -214,6 +261,15 @@ def bench(name: str, reps: int, out_root: str, with_full: bool, shared_model: bo
         full_step = workload()
         full = PtdbgRunner(os.path.join(out_root, name + "_full"), False)
         variants["full"] = lambda: full(full_step)
+    if peers:
+        floor_step = workload()
+        floor = FloorRunner()
+        variants["floor"] = lambda: floor(floor_step)
+        if _debug_mode_available():
+            dm_step, dms_step = workload(), workload()
+            dm, dms = DebugModeRunner(False), DebugModeRunner(True)
+            variants["debugmode"] = lambda: dm(dm_step)
+            variants["debugmode_stacks"] = lambda: dms(dms_step)
     ms = _msprobe_runner(os.path.join(out_root, name + "_msprobe"))
     if ms is not None:  # pragma: no cover
         ms_step = workload()
@@ -231,12 +287,30 @@ def bench(name: str, reps: int, out_root: str, with_full: bool, shared_model: bo
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def _peer_goals(rows: list) -> List[str]:
+    """Issue 21's goals against the peers: statistics faster than DebugMode with tensor hashes on
+    every workload; on the per-call loop within 5x of the bare TorchFunctionMode floor."""
+    by = {(name, k): v for name, _b, k, v, _r, _t in rows}
+    out = []
+    for name in dict.fromkeys(r[0] for r in rows):
+        st, dm, fl = by.get((name, "stats")), by.get((name, "debugmode")), by.get((name, "floor"))
+        if st is not None and dm is not None:
+            out.append(f"{name}: statistics {dm / st:.2f}x faster than DebugMode "
+                       f"({'met' if st < dm else 'MISSED'})")
+        if name == "loop" and st is not None and fl is not None:
+            out.append(f"loop: statistics {st / fl:.2f}x the TorchFunctionMode floor "
+                       f"(<= 5x {'met' if st <= 5 * fl else 'MISSED'})")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=7, help="timed repetitions per variant (median)")
     ap.add_argument("--models", default=MODELS)
     ap.add_argument("--out", default=None, help="scratch directory for dumps (default: a temp dir)")
     ap.add_argument("--cpu", action="store_true", help="time the main thread's CPU time instead of wall time")
+    ap.add_argument("--no-peers", action="store_true",
+                    help="leave out the TorchFunctionMode floor and torch's DebugMode")
     ap.add_argument("--shared-model", action="store_true",
                     help="run all variants on one model (each debugged step then re-measures weights a plain step changed)")
     args = ap.parse_args(argv)
@@ -252,7 +326,8 @@ def main(argv=None) -> int:
     rows: list = []
     try:
         for name in args.models.split(","):
-            med = bench(name, args.reps, out_root, with_full=True, shared_model=args.shared_model)
+            med = bench(name, args.reps, out_root, with_full=True, shared_model=args.shared_model,
+                        peers=not args.no_peers)
             base = med["plain"]
             print(f"\n{name}: plain {base * 1e3:.1f} ms/step")
             for k, v in med.items():
@@ -268,6 +343,9 @@ def main(argv=None) -> int:
     finally:
         if args.out is None:
             shutil.rmtree(out_root, ignore_errors=True)
+    peer_rows = _peer_goals(rows)
+    if peer_rows:
+        print("\npeers (same run): " + "; ".join(peer_rows))
     print("\n| workload | plain step | variant | step | ratio | goal |\n|---|---|---|---|---|---|")
     for name, base, k, v, ratio, tgt in rows:
         print(f"| {name} | {base * 1e3:.1f} ms | {k} | {v * 1e3:.1f} ms | {ratio:.2f}x | "
