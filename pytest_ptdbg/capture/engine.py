@@ -92,12 +92,28 @@ class _Mode(TorchFunctionMode):
                     seen[func] = hit
         if hit is None:
             return func(*args, **kwargs) if kwargs else func(*args)
+        if hit is _UNRECORDED_WRITE:
+            eng.before_unrecorded_write()
+            return func(*args, **kwargs) if kwargs else func(*args)
         return eng.handle(hit, func, args, kwargs or {})
+
+
+#: ``hit`` of a call that is not recorded but may write tensors the sinks hold records of, unseen:
+#: an in-place op outside the name table (``torch.ops.aten.add_``), or a backward pass (user hooks
+#: run in it without capture)
+_UNRECORDED_WRITE = ("unrecorded write",)
+_BACKWARD_NAMES = frozenset(("backward", "grad"))
 
 
 def _classify(func: Any) -> Any:
     try:
-        return names.classify(func)
+        hit = names.classify(func)
+        if hit is None:
+            name = str(getattr(func, "__name__", "")).split(".")[0]
+            if name in _BACKWARD_NAMES or (name.endswith("_") and not name.endswith("__")
+                                           and name != "requires_grad_"):
+                return _UNRECORDED_WRITE
+        return hit
     except Exception as e:
         report_internal_error("capture classify", e)
         return None
@@ -207,6 +223,21 @@ class CaptureEngine:
     def _opt_post(self, opt, args, kwargs) -> None:
         if self.opt_depth > 0:
             self.opt_depth -= 1
+
+    def before_unrecorded_write(self) -> None:
+        """A call that is not recorded may write tensors (see ``_UNRECORDED_WRITE``): sinks that
+        hold records by reference (``before_write``) copy them now. Never raises."""
+        self.busy = True
+        try:
+            for s in self.sinks:
+                fn = getattr(s, "before_write", None)
+                if fn is not None:
+                    try:
+                        fn()
+                    except Exception as e:  # noqa: BLE001 - never into the user's step
+                        report_internal_error(f"{type(s).__name__}.before_write", e, s)
+        finally:
+            self.busy = False
 
     # -- wrapped module functions ------------------------------------------------------------
     def _wrap(self, owner: Any, attr: str, api_type: str, name: str) -> None:

@@ -43,6 +43,10 @@ Sink protocol (duck-typed; subclass :class:`Sink` for the defaults):
     gradients of one API arrive one tensor at a time, possibly interleaved with other APIs.
     ``call.backward_key`` names the backward API. Only sinks whose ``wants_backward`` is True and
     that returned True from ``start_call`` get these.
+``before_write() -> None`` (optional)
+    Called before a call capture does not record but that may write tensors: an in-place op
+    outside its name table (``torch.ops.aten.add_``) or a backward pass (hooks run in it unseen).
+    A sink that holds records by reference copies them here.
 ``flush() -> None``: make everything recorded so far durable (end of a start/stop segment).
 ``close() -> None``: end of a step (or of the debugger); release files.
 ``degraded``: None, or the first internal error's text (set by :func:`report_internal_error`):

@@ -823,14 +823,15 @@ class DumpSink(Sink):
     before every ``Distributed``/``NPU`` call, and at ``stop()``/``step()``. No copy is made unless
     a write may come before the flush: a call that writes its inputs (in place, ``out=``, BatchNorm's
     running statistics, collectives) first copies every referenced record (:meth:`_materialize`),
-    and its own inputs are copied once recorded. Records are therefore true as at entry/return;
+    and its own inputs are copied once recorded; a gradient is copied when autograd hands it over
+    (a user's gradient hook may change it in place, which capture does not see). Records are
+    therefore true as at entry/return;
     one whose tensor was still changed unseen before the flush (another version or memory) is
     dropped with a warning, never written with numbers it did not have. Records go to the
     ``.pkl`` in their order, in whole lines. The same tensor at the same version recorded again
     in one batch (one call's output as the next one's input) shares its holder; a tensor of at
     least ``cache.min_numel`` elements is also looked up in :class:`stats.StatsCache`, which
-    receives the results. (Holding the gradient object itself also keeps autograd from
-    accumulating into it in place: the same numbers, summed out of place.)
+    receives the results.
     """
 
     def __init__(self, config: DebugConfig, rank_dir: str) -> None:
@@ -855,7 +856,8 @@ class DumpSink(Sink):
         self._pending: list = []
         self._snaps: list = []  # snapshot holders not yet measured
         self._snap_elems = 0
-        #: id(tensor) -> the holder of its pending record, while the holder still references it
+        #: id(tensor) -> the holder of its pending record (``holder[9]`` is the tensor), until the
+        #: holder is copied for a write or measured
         self._ids: dict = {}
         self._live: list = []  # holders that reference the recorded tensor itself (no copy yet)
         self._keyed: dict = {}  # cache key -> the holders offered to the cache at the flush
@@ -884,7 +886,7 @@ class DumpSink(Sink):
             # the same tensor, unchanged, already waiting in this batch (one call's output is the
             # next one's input): its holder, without the checks below (it passed them)
             h = self._ids.get(id(v))
-            if h is not None and h[7] is v and h[5] == v._version and h[8] == v.data_ptr():
+            if h is not None and h[9] is v and h[5] == v._version and h[8] == v.data_ptr():
                 npy = self._save(key, v, True) if self.save_data else None
                 lines.append((key, h, v.requires_grad, ctx, npy, spec))
                 return
@@ -900,20 +902,25 @@ class DumpSink(Sink):
                 if h is not None:
                     link = True
                 else:
-                    # a reference, not a copy: the data is read at the flush unless a write
-                    # may come first (_materialize). A forward tensor is held as a detached
-                    # alias (its memory even if ``.data`` is reassigned), a gradient as itself
-                    # (autograd then never sums into it in place). Only tensors of
-                    # cache.min_numel or more are offered to the cache.
+                    # a forward tensor: a reference (a detached alias: its memory even if
+                    # ``.data`` is reassigned), read at the flush unless a recorded call may
+                    # write it first (_materialize); a gradient: a copy now (a user's gradient
+                    # hook may change it in place, unseen). Only tensors of cache.min_numel or
+                    # more are offered to the cache.
                     big = n >= cache.min_numel
                     dk = cache.data_key(v) if big else None
-                    h = [v if grad else v.detach(), None, None, dk, _ref(v) if big else None, ver, None,
-                         v, v.data_ptr()]
+                    if grad:
+                        data = v.detach().clone() if v.requires_grad else v.clone()
+                    else:
+                        data = v.detach()
+                    h = [data, None, None, dk, _ref(v) if big else None, ver, None, None if grad else v,
+                         v.data_ptr(), v]
                     self._ids[id(v)] = h
                     if big:
                         self._keyed.setdefault(dk, []).append(h)
                     self._snaps.append(h)
-                    self._live.append(h)
+                    if not grad:
+                        self._live.append(h)
                     self._snap_elems += n
                 npy = self._save(key, v, link) if self.save_data else None
                 lines.append((key, h, v.requires_grad, ctx, npy, spec))
@@ -1123,6 +1130,12 @@ class DumpSink(Sink):
                     for h in hs:
                         h[3] = None  # its statistics are true for its record, never reused
 
+    def before_write(self) -> None:
+        """Capture's notice that a call it does not record may write tensors (an in-place op outside
+        its name table, a backward pass whose hooks it does not see): pending references are copied."""
+        if self._live:
+            self._materialize()
+
     def _materialize(self) -> None:
         """Copy the data of every pending record that still references its tensor (a write may
         come before the flush reads it); a holder copied is no longer shared by later records."""
@@ -1133,7 +1146,7 @@ class DumpSink(Sink):
                 v = h[7]
                 if v is None:
                     continue
-                h[7] = None
+                h[7] = h[9] = None
                 if ids.get(id(v)) is h:
                     del ids[id(v)]
                 t = h[0]
@@ -1187,6 +1200,7 @@ class DumpSink(Sink):
         # tensors themselves may require grad
         with isolated():
             for h in snaps:
+                h[9] = None
                 if h[7] is not None:  # not copied: still as recorded?
                     h[7] = None
                     t = h[0]

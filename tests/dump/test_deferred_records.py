@@ -149,3 +149,51 @@ def test_a_write_capture_cannot_see_drops_the_record_with_a_warning_never_a_wron
     assert "Torch_tanh_0_forward_output.0" not in names
     text = " ".join(str(w.message) for w in caught)
     assert "Torch_tanh_0_forward_output.0" in text and "written before its statistics were read" in text
+
+
+def test_a_gradient_changed_in_place_by_a_users_hook_is_recorded_as_autograd_handed_it_over(tmp_path):
+    """A gradient hook that clips in place (``g.mul_``) runs after capture's tap and is not a
+    recorded call: the gradient's record holds the value the API produced (the copy taken then),
+    and nothing is dropped."""
+    w = nn.Parameter(torch.linspace(-1, 1, 8))
+    x = torch.linspace(1, 2, 8)
+    w.register_hook(lambda g: g.mul_(100))
+
+    def step():
+        torch.mul(w, x).sum().backward()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recs = {r[0]: r for r in map(json.loads, _dump(str(tmp_path), step)) if "stack_info" not in r[0]}
+    assert not [w for w in caught if "pytest-ptdbg" in str(w.message)]
+    assert recs["Torch_mul_0_backward_output.0"][5][:2] == [2.0, 1.0]  # d(w*x)/dw = x, not 100 x
+    assert float(w.grad.max()) == 200.0
+
+
+def test_writes_capture_does_not_record_leave_true_records(tmp_path):
+    """Writes made where capture records nothing: an optimizer run in a post-accumulate-grad hook
+    during backward (hooks are not captured) and an in-place op outside the name table
+    (``torch.ops.aten.add_``). The forward records still hold the values of their moment."""
+    w = nn.Parameter(torch.linspace(-1, 1, 8))
+    v = torch.linspace(0, 1, 8)
+    x = torch.linspace(1, 2, 8)
+
+    def sgd_in_backward(p):
+        with torch.no_grad():
+            p.add_(p.grad, alpha=-10.0)
+        p.grad = None
+
+    w.register_post_accumulate_grad_hook(sgd_in_backward)
+
+    def step():
+        torch.mul(w, x).sum().backward()
+        torch.exp(v)
+        torch.ops.aten.add_(v, 5.0)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recs = {r[0]: r for r in map(json.loads, _dump(str(tmp_path), step)) if "stack_info" not in r[0]}
+    assert not [m for m in caught if "pytest-ptdbg" in str(m.message)]
+    assert recs["Torch_mul_0_forward_input.0"][5][:2] == [1.0, -1.0]  # w before the update
+    assert recs["Torch_exp_0_forward_input.0"][5][:2] == [1.0, 0.0]  # v before add_
+    assert float(w.max()) == pytest.approx(-1.0 - 10.0 * 1.0)  # the update did run (w - 10 x)
