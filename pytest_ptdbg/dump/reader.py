@@ -635,10 +635,10 @@ _slots: Dict[str, Tuple[str, Tuple[int, ...], str]] = {}
 
 def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list],
                       names: Optional[Dict[str, Tuple[records.ParsedName, str]]] = None,
-                      src: Any = None, shared: bool = False) -> None:
+                      src: Any = None, fast_hit: bool = False) -> None:
     """Add one parsed line. A call spec's dataflow (``"src"``: given split off by
     :class:`_FastLines`, or found in the spec) becomes ``ApiRec.sources``; the record's extra
-    keeps the spec without it. ``shared``: ``rec`` came from :class:`_FastLines`, whose extras
+    keeps the spec without it. ``fast_hit``: ``rec`` came from :class:`_FastLines`, whose extras
     without a data file are one object per distinct text."""
     if not isinstance(rec, list) or not rec or not isinstance(rec[0], str):
         raise ValueError("not a ptdbg record (expected a JSON array starting with a name)")
@@ -676,8 +676,8 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
     npy = extra.get("npy")
     kept = extra
     pool = b.pool
-    memo = b.kept_of if shared and pool is not None and npy is None else None
-    if memo is not None and id(extra) in memo:
+    memo = b.kept_of if fast_hit and npy is None else None
+    if pool is not None and memo is not None and id(extra) in memo:
         # the fast path's shared extra object (one per distinct text) seen before: its kept form
         kept = memo[id(extra)][1]
         dtype = pool.setdefault(dtype, dtype)
@@ -698,7 +698,7 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
                 kept = shared
             except TypeError:   # an unhashable value: kept as it is
                 kept = extra
-        if memo is not None:
+        if memo is not None:   # (pool is not None here)
             if len(memo) >= FAST_CACHE_MAX:
                 memo.clear()
             memo[id(extra)] = (extra, kept)   # the extra held: its id stays its own
