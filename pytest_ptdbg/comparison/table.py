@@ -543,36 +543,55 @@ class _Row:
         return default if col is None else col[self.i]
 
 
+#: finished rows held as tuples before they are moved into the column lists
+ROWS_PER_BLOCK = 4096
+
+
 class _Columns:
     """The table being built: one tuple per finished row, its values in column order (taken from
-    the row dict by one ``itemgetter`` call); :meth:`columns` transposes them into one list per
-    column (where the rows judged after the loop are filled in, through :class:`_Row`)."""
+    the row dict by one ``itemgetter`` call), moved into one list per column every
+    :data:`ROWS_PER_BLOCK` rows (so a big table is never held both as tuples and as columns);
+    :meth:`columns` returns the lists (where the rows judged after the loop are filled in,
+    through :class:`_Row`)."""
 
     def __init__(self, cols: List[str]) -> None:
         self.cols = list(cols)
         self._get = itemgetter(*self.cols)
         self.rows: list = []
+        self._data: List[list] = [[] for _ in self.cols]
+        self._done = 0
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._done + len(self.rows)
 
     def append(self, r: dict) -> None:
         self.rows.append(self._get(r))
+        if len(self.rows) >= ROWS_PER_BLOCK:
+            self._flush()
 
     def extend(self, rs: Iterable[dict]) -> None:
         get, add = self._get, self.rows.append
         for r in rs:
             add(get(r))
+        if len(self.rows) >= ROWS_PER_BLOCK:
+            self._flush()
+
+    def _flush(self) -> None:
+        rows, self.rows = self.rows, []
+        if not rows:
+            return
+        self._done += len(rows)
+        if len(self.cols) == 1:
+            self._data[0].extend(r if not isinstance(r, tuple) else r[0] for r in rows)
+            return
+        for col, v in zip(self._data, zip(*rows)):
+            col.extend(v)
 
     def columns(self) -> Dict[str, list]:
         """``{column: [values...]}``; the rows are dropped."""
-        rows, self.rows = self.rows, []
-        if len(self.cols) == 1:
-            return {self.cols[0]: [r if not isinstance(r, tuple) else r[0] for r in rows]}
-        out = {c: list(v) for c, v in zip(self.cols, zip(*rows))}
-        if not rows:
-            out = {c: [] for c in self.cols}
-        return out
+        self._flush()
+        data, self._data = self._data, [[] for _ in self.cols]
+        return dict(zip(self.cols, data))
 
 
 def _unusable(r: _Cells, message: str) -> None:
