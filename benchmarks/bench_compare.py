@@ -106,6 +106,25 @@ compare alone); the printed "2 vs 1 worker" ratio of compare() is the replay's.
 verdict columns and the table's dtypes against b14dae3 on every example model (full and
 statistics dumps; default, stack_mode, dtype rule, forced summary) and on the 50 000-call pair
 (statistics: default and dtype rule; full tensors: default and stack_mode).
+
+Measured 2026-12-03 14:35-15:10 (issue 21's compare half, first pass; load average 1-2.7, other
+sessions' benchmarks running), ``--big 50000`` statistics pair (50 085 calls, 102 MiB .pkl,
+161 700 rows), one ``compare()`` without replay in a fresh process, torch imported first (the
+argument binding imports it: ~150 MiB of every peak below), phases timed:
+65aac50: read 7.9 + 7.8 s, build_table 13.4 s, judge 2.3 s, reports 4.2 s: 35.9 s, peak RSS 909
+MiB (``--measure-big`` median of 3, 1 worker: 35.0 s, 1004 MiB); this branch: read 7.2 + 7.2 s,
+build_table 9.7 s, judge 2.4 s, reports 4.9 s: 31.6 s, peak RSS 636 MiB. Reading one side,
+alternated old/new: 8.2-8.8 s, +207 MiB -> 7.2 s, +137 MiB (a call spec's ``"src"`` moved to
+``ApiRec.sources``: the extras of repeated calls are one parsed object). ``compare_arguments``'
+memo now hits (it was keyed by the dataflow too: 30 879 misses of 50 085). The CSV is written
+piece by piece and the row tuples move into the column lists every 4096 rows (the peak no longer
+holds the CSV text twice, nor the table as tuples and as lists). build_table of the 10 000-call
+pair, alternated: 1.84-1.88 -> 1.77-1.80 s (row template). Goals (<= 5 s, <= 300 MiB) not met:
+what remains is one object per record and per row (a columnar Dump and table), torch imported by
+the signatures (a static table for the pinned torch would save ~150 MiB and 2-3 s of a single
+compare), judge/step.py's statistics judgement (2.4 s) and the CSV's float formatting.
+``benchmarks/csv_identity.py``: byte-identical CSVs and verdicts against 65aac50 on every example
+model (36 cases). The old-vs-new ``--big`` run with ``--against`` was not redone in this pass.
 """
 from __future__ import annotations
 

@@ -288,7 +288,7 @@ def _finish(run: _Run, output_path: str, options: CompareOptions) -> CompareResu
     """Write the reports of a compare (CSV, advisor, HTML), say the verdict, return the result."""
     from pytest_ptdbg.advise.advisor import advise
     from pytest_ptdbg.advise.ranking import apply_judgement
-    from pytest_ptdbg.report.csv_report import csv_text
+    from pytest_ptdbg.report.csv_report import csv_chunks
     from pytest_ptdbg.report.html_report import render_html
 
     table, judged, problems, notes, say = run.table, run.judged, run.problems, run.notes, run.say
@@ -299,7 +299,7 @@ def _finish(run: _Run, output_path: str, options: CompareOptions) -> CompareResu
     outputs.prepare_dir(output_path)
     ts = _timestamp()
     with outputs.ReportSet(output_path, names, tag, options.report_stem or outputs.new_stem(tag, ts), ts) as files:
-        csv_path = files.write("csv", csv_text(table, options.stack_mode))
+        csv_path = files.write("csv", csv_chunks(table, options.stack_mode))   # never the whole text at once
         advice = advise(table)
         apply_judgement(advice, judged, table)
         passed = judged.passed if gate is Rule.JUDGE else judge_passed(table, problems)

@@ -318,11 +318,14 @@ def compare_arguments(npu_api: ApiRec, bench_api: ApiRec, npu_kw_named: bool = F
     sn, sb = call_spec(npu_api), call_spec(bench_api)
     if sn is None or sb is None:
         return None
-    # the same call made again (every layer, every step) gives the same leaves: computed once
+    # the same call made again (every layer, every step) gives the same leaves: computed once;
+    # keyed by what the leaves depend on (the arguments, not the spec's dataflow ``"src"``, which
+    # names the producing call and so differs from call to call)
     try:
         key = (npu_api.api_type, npu_api.api_name, bench_api.api_type, bench_api.api_name,
                _input_rank(npu_api), _input_rank(bench_api), npu_kw_named, bench_kw_named,
-               _ENCODE(sn), _ENCODE(sb))
+               _ENCODE((sn.get("args", []), sn.get("kwargs", {}))),
+               _ENCODE((sb.get("args", []), sb.get("kwargs", {}))))
     except (TypeError, ValueError):
         key = None
     if key is not None:

@@ -262,8 +262,10 @@ def _stats4(t: Optional[TensorRec]) -> tuple:
     if t is None:
         return _NAN4
     st = t.stats
-    if len(st) == 4 and all(type(v) is float for v in st):   # the common case
-        return tuple(st)
+    if len(st) == 4:
+        a, b, c, d = st
+        if a.__class__ is float and b.__class__ is float and c.__class__ is float and d.__class__ is float:
+            return (a, b, c, d)   # the common case
     return tuple(_stat(st, k) for k in range(4))
 
 
@@ -280,38 +282,45 @@ def _shape_list(shape: Tuple[int, ...]) -> list:
     return got
 
 
+#: the cells every row starts with, by kind of compare (copied, then the row's own cells set)
+_TEMPLATES: Dict[bool, dict] = {
+    summary: {**dict.fromkeys(("Max diff", "Min diff", "Mean diff", "L2norm diff") if summary else
+                              ("Cosine", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
+                               "Five Thousandths Err Ratio"), math.nan),
+              "Accuracy Reached or Not": "", "Err_message": "", "_rel_l2": math.nan, "_nan_mismatch": False,
+              "_passed": True, "_unusable": False, "_arg": "", "_arg_changed": False, "_code_path": ""}
+    for summary in (True, False)
+}
+
+
 def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Optional[ApiRec],
          ba: Optional[ApiRec], stack: Optional[list], summary: bool) -> dict:
     t = nt or bt
-    n1, n2, n3, n4 = _stats4(nt)
-    b1, b2, b3, b4 = _stats4(bt)
-    nan = math.nan
-    r = {
-        "NPU Name": nt.name if nt else "",
-        "Bench Name": bt.name if bt else "",
-        "NPU Tensor Dtype": nt.dtype if nt else "",
-        "Bench Tensor Dtype": bt.dtype if bt else "",
-        "NPU Tensor Shape": _shape_list(nt.shape) if nt else [],
-        "Bench Tensor Shape": _shape_list(bt.shape) if bt else [],
-        "NPU max": n1, "Bench max": b1, "NPU min": n2, "Bench min": b2,
-        "NPU mean": n3, "Bench mean": b3, "NPU l2norm": n4, "Bench l2norm": b4,
-    }
-    if summary:
-        r["Max diff"] = r["Min diff"] = r["Mean diff"] = r["L2norm diff"] = nan
+    r = _TEMPLATES[summary].copy()
+    r["NPU max"], r["NPU min"], r["NPU mean"], r["NPU l2norm"] = _stats4(nt)
+    r["Bench max"], r["Bench min"], r["Bench mean"], r["Bench l2norm"] = _stats4(bt)
+    if nt is not None:
+        r["NPU Name"], r["NPU Tensor Dtype"], r["NPU Tensor Shape"] = nt.name, nt.dtype, _shape_list(nt.shape)
+        r["_npu_nonfinite"] = _nonfinite_from_stats(nt)
     else:
-        r["Cosine"] = r["MaxAbsErr"] = r["MaxRelativeErr"] = r["One Thousandth Err Ratio"] = \
-            r["Five Thousandths Err Ratio"] = nan
-    r.update({
-        "Accuracy Reached or Not": "", "Err_message": "",
-        "_api": api.key, "_bench_api": ba.key if ba else "", "_family": api.family,
-        "_direction": api.direction, "_io": t.io if t else "input", "_index": t.index_str if t else "",
-        "_order": api.order,
-        "_ctx": (na.ctx if na else "") or (ba.ctx if ba else ""), "_stack": stack,
-        "_paired": bool(nt and bt), "_rel_l2": nan, "_nan_mismatch": False,
-        "_npu_nonfinite": _nonfinite_from_stats(nt) if nt else 0,
-        "_bench_nonfinite": _nonfinite_from_stats(bt) if bt else 0, "_passed": True,
-        "_unusable": False, "_arg": "", "_arg_changed": False, "_code_path": "",
-    })
+        r["NPU Name"], r["NPU Tensor Dtype"], r["NPU Tensor Shape"], r["_npu_nonfinite"] = "", "", [], 0
+    if bt is not None:
+        r["Bench Name"], r["Bench Tensor Dtype"], r["Bench Tensor Shape"] = bt.name, bt.dtype, _shape_list(bt.shape)
+        r["_bench_nonfinite"] = _nonfinite_from_stats(bt)
+    else:
+        r["Bench Name"], r["Bench Tensor Dtype"], r["Bench Tensor Shape"], r["_bench_nonfinite"] = "", "", [], 0
+    r["_api"] = api.key
+    r["_bench_api"] = ba.key if ba else ""
+    r["_family"] = api.family
+    r["_direction"] = api.direction
+    if t is not None:
+        r["_io"], r["_index"] = t.io, t.index_str
+    else:
+        r["_io"], r["_index"] = "input", ""
+    r["_order"] = api.order
+    r["_ctx"] = (na.ctx if na else "") or (ba.ctx if ba else "")
+    r["_stack"] = stack
+    r["_paired"] = bool(nt and bt)
     return r
 
 
@@ -543,36 +552,55 @@ class _Row:
         return default if col is None else col[self.i]
 
 
+#: finished rows held as tuples before they are moved into the column lists
+ROWS_PER_BLOCK = 4096
+
+
 class _Columns:
     """The table being built: one tuple per finished row, its values in column order (taken from
-    the row dict by one ``itemgetter`` call); :meth:`columns` transposes them into one list per
-    column (where the rows judged after the loop are filled in, through :class:`_Row`)."""
+    the row dict by one ``itemgetter`` call), moved into one list per column every
+    :data:`ROWS_PER_BLOCK` rows (so a big table is never held both as tuples and as columns);
+    :meth:`columns` returns the lists (where the rows judged after the loop are filled in,
+    through :class:`_Row`)."""
 
     def __init__(self, cols: List[str]) -> None:
         self.cols = list(cols)
         self._get = itemgetter(*self.cols)
         self.rows: list = []
+        self._data: List[list] = [[] for _ in self.cols]
+        self._done = 0
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._done + len(self.rows)
 
     def append(self, r: dict) -> None:
         self.rows.append(self._get(r))
+        if len(self.rows) >= ROWS_PER_BLOCK:
+            self._flush()
 
     def extend(self, rs: Iterable[dict]) -> None:
         get, add = self._get, self.rows.append
         for r in rs:
             add(get(r))
+        if len(self.rows) >= ROWS_PER_BLOCK:
+            self._flush()
+
+    def _flush(self) -> None:
+        rows, self.rows = self.rows, []
+        if not rows:
+            return
+        self._done += len(rows)
+        if len(self.cols) == 1:
+            self._data[0].extend(r if not isinstance(r, tuple) else r[0] for r in rows)
+            return
+        for col, v in zip(self._data, zip(*rows)):
+            col.extend(v)
 
     def columns(self) -> Dict[str, list]:
         """``{column: [values...]}``; the rows are dropped."""
-        rows, self.rows = self.rows, []
-        if len(self.cols) == 1:
-            return {self.cols[0]: [r if not isinstance(r, tuple) else r[0] for r in rows]}
-        out = {c: list(v) for c, v in zip(self.cols, zip(*rows))}
-        if not rows:
-            out = {c: [] for c in self.cols}
-        return out
+        self._flush()
+        data, self._data = self._data, [[] for _ in self.cols]
+        return dict(zip(self.cols, data))
 
 
 def _unusable(r: _Cells, message: str) -> None:
@@ -633,7 +661,10 @@ def _summary_row(r: dict, nt: TensorRec, bt: TensorRec, rule: Rule, th: V.Thresh
 
 
 def _four_floats(stats: M.Stats) -> bool:
-    return stats.__class__ is list and len(stats) == 4 and all(v.__class__ is float for v in stats)
+    if stats.__class__ is not list or len(stats) != 4:
+        return False
+    a, b, c, d = stats
+    return a.__class__ is float and b.__class__ is float and c.__class__ is float and d.__class__ is float
 
 
 def _summary_rows(data: Dict[str, list], deferred: list, rule: Rule, th: V.Thresholds) -> None:

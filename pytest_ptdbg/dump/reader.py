@@ -90,7 +90,8 @@ class ApiRec:
     family: str = ""
     #: the operation it computes (``softmax`` for every spelling; ``comparison/binding.py``), "" until bound
     op: str = ""
-    #: the dataflow (forward calls of this project's dumps; the call spec's optional ``"src"``):
+    #: the dataflow (forward calls of this project's dumps; the call spec's optional ``"src"``, moved
+    #: here: the record's call spec is kept without it):
     #: input slot -> (forward key of the recorded call that produced it, its output slot), e.g.
     #: ``{"input.0": ("Functional_linear_3_forward", "output.0")}``; empty: not known
     sources: Dict[str, Tuple[str, str]] = field(default_factory=dict)
@@ -237,6 +238,8 @@ class _Builder:
         self.absent: List[str] = []
         #: shared objects for repeated values (dtypes, shapes, slots, extras); None: no sharing
         self.pool: Optional[Dict[Any, Any]] = {}
+        #: ``id(extra) -> (extra, its kept form)`` of the fast path's shared extras
+        self.kept_of: Dict[int, Tuple[dict, dict]] = {}
         #: worth saying, fails nothing (a malformed dataflow field, ignored)
         self.notes: List[str] = []
         self._root: Optional[str] = None   # realpath of data_dir, resolved once (for symlinks)
@@ -434,7 +437,7 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str], check_files: bool = False,
             if not line or "\x00" in line:
                 rec, why = None, "binary or non-UTF-8 bytes (not a ptdbg text record)"
             else:
-                rec = fast.parse(line)
+                rec = fast.parse_split(line)
                 try:
                     if rec is None:
                         rec = json.loads(line)
@@ -456,7 +459,7 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str], check_files: bool = False,
             if isinstance(rec, list) and len(rec) > 6 and isinstance(rec[6], dict):
                 ours = True
             try:
-                _add_ptdbg_record(b, rec, lineno, stacks, names)
+                _add_ptdbg_record(b, rec, lineno, stacks, names, fast.src if fast.hit else None, fast.hit)
                 if skey is not None and records.is_stack_record(rec):
                     stack_cache[skey] = stacks[rec[0][: -len(records.STACK_SUFFIX)]]
             except ValueError as e:
@@ -506,15 +509,29 @@ class _FastLines:
     the last line was parsed here (its nesting is checked here: the extra at most
     ``MAX_DEPTH - 1`` deep)."""
 
-    __slots__ = ("shapes", "extras", "hit")
+    __slots__ = ("shapes", "extras", "hit", "src")
 
     def __init__(self) -> None:
         self.shapes: Dict[str, Any] = {}
         self.extras: Dict[str, Any] = {}
         self.hit = False
+        #: the last line's call-spec dataflow (``"src"``), split off its extra (see :func:`_split_src`)
+        self.src: Any = None
 
     def parse(self, line: str) -> Optional[list]:
+        rec = self.parse_split(line)
+        if rec is not None and self.src is not None:
+            call = dict(rec[6]["call"])
+            call["src"] = self.src
+            rec[6] = dict(rec[6])
+            rec[6]["call"] = call
+        return rec
+
+    def parse_split(self, line: str) -> Optional[list]:
+        """:meth:`parse`, with the call spec's dataflow (``"src"``) split off into :attr:`src`
+        (the extra is the spec without it, shared by the records spelling it alike)."""
         self.hit = False
+        self.src = None
         m = _RECORD_LINE.match(line)
         if m is None:
             return None
@@ -530,6 +547,9 @@ class _FastLines:
             if extra_text is None:
                 self.hit = True
                 return [name, int(flag), [], dtype, shape, stats]
+            src_text = None
+            if '"src": {' in extra_text:
+                extra_text, src_text = _split_src(extra_text)
             extra = self.extras.get(extra_text)
             if extra is None:
                 extra = json.loads(extra_text)
@@ -540,10 +560,29 @@ class _FastLines:
                     if len(self.extras) >= FAST_CACHE_MAX:
                         self.extras.clear()
                     self.extras[extra_text] = extra
+            if src_text is not None:
+                if next(reversed(extra), None) != "call" or not isinstance(extra["call"], dict) \
+                        or "src" in extra["call"]:
+                    return None   # not the call spec's own last member: the whole line is parsed
+                self.src = json.loads(src_text)
         except (ValueError, RecursionError):
             return None    # the whole line's json.loads says why
         self.hit = True
         return [name, int(flag), [], dtype, shape, stats, extra]
+
+
+def _split_src(extra_text: str) -> Tuple[str, Optional[str]]:
+    """``(extra without its call spec's "src", the "src" object's text)`` of an extra written as
+    this project's writer writes it (``..., "call": {..., "src": {flat}}}``, no escapes), else
+    ``(extra_text, None)``. The dataflow names the producing calls, so it differs from call to
+    call; without it, the extras of repeated calls are one text (parsed once, one shared object)."""
+    i = extra_text.rfind(', "src": {')
+    if i < 0 or not extra_text.endswith("}}}") or "\\" in extra_text or extra_text.count('"', 0, i) % 2:
+        return extra_text, None
+    src_text = extra_text[i + 9:-2]
+    if "{" in src_text[1:] or "}" in src_text[:-1]:
+        return extra_text, None
+    return extra_text[:i] + "}}", src_text
 
 
 _Split = Tuple[str, records.ParsedName, str, Tuple[int, ...], str]
@@ -562,14 +601,20 @@ def _split_name(name: str, names: Dict[str, Tuple[records.ParsedName, str]]) -> 
     else:
         return None
     rest = name[cut + 1:]
-    io, _, idx = rest.partition(".")
-    if len(idx) == 1 and idx.isdigit():
-        parts = [idx]
-    else:
-        parts = idx.split(".")
-        for q in parts:
-            if not (q.isascii() and q.isdigit()) or (len(q) > 1 and q[0] == "0"):
-                return None
+    slot = _slots.get(rest)
+    if slot is None:
+        io, _, idx = rest.partition(".")
+        if len(idx) == 1 and idx.isdigit():
+            parts = [idx]
+        else:
+            parts = idx.split(".")
+            for q in parts:
+                if not (q.isascii() and q.isdigit()) or (len(q) > 1 and q[0] == "0"):
+                    return None
+        if len(_slots) >= FAST_CACHE_MAX:
+            _slots.clear()
+        slot = _slots[rest] = ("input" if io == "input" else ("output" if io == "output" else io),
+                               tuple(int(q) for q in parts), rest)
     key = name[:cut]
     hit = names.get(key)
     if hit is None:
@@ -580,12 +625,21 @@ def _split_name(name: str, names: Dict[str, Tuple[records.ParsedName, str]]) -> 
         if p.io is not None:
             return None
         hit = names[key] = (p, key)
-    return hit[1], hit[0], "input" if io == "input" else ("output" if io == "output" else io), \
-        tuple(int(q) for q in parts), rest
+    return hit[1], hit[0], slot[0], slot[1], slot[2]
+
+
+#: ``slot text -> (io, index, slot)`` of the quick split (a pure function of the text: a step
+#: spells a few hundred distinct slots)
+_slots: Dict[str, Tuple[str, Tuple[int, ...], str]] = {}
 
 
 def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list],
-                      names: Optional[Dict[str, Tuple[records.ParsedName, str]]] = None) -> None:
+                      names: Optional[Dict[str, Tuple[records.ParsedName, str]]] = None,
+                      src: Any = None, fast_hit: bool = False) -> None:
+    """Add one parsed line. A call spec's dataflow (``"src"``: given split off by
+    :class:`_FastLines`, or found in the spec) becomes ``ApiRec.sources``; the record's extra
+    keeps the spec without it. ``fast_hit``: ``rec`` came from :class:`_FastLines`, whose extras
+    without a data file are one object per distinct text."""
     if not isinstance(rec, list) or not rec or not isinstance(rec[0], str):
         raise ValueError("not a ptdbg record (expected a JSON array starting with a name)")
     if records.is_stack_record(rec):
@@ -614,10 +668,21 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         raise ValueError(f"record {name!r}: {e}") from None
     stats = rec[5] if isinstance(rec[5], list) else []
     extra = rec[6] if len(rec) > 6 and isinstance(rec[6], dict) else {}
+    has_src = src is not None
+    if not has_src and isinstance(extra.get("call"), dict) and "src" in extra["call"]:
+        src, has_src = extra["call"]["src"], True
+        extra = dict(extra)
+        extra["call"] = {k: v for k, v in extra["call"].items() if k != "src"}
     npy = extra.get("npy")
     kept = extra
     pool = b.pool
-    if pool is not None:
+    memo = b.kept_of if fast_hit and npy is None else None
+    if pool is not None and memo is not None and id(extra) in memo:
+        # the fast path's shared extra object (one per distinct text) seen before: its kept form
+        kept = memo[id(extra)][1]
+        dtype = pool.setdefault(dtype, dtype)
+        shape = pool.setdefault(shape, shape)
+    elif pool is not None:
         # a step has a few hundred thousand records and a handful of distinct dtypes, shapes,
         # slots and extras: one object each (the saved file's name moves to data_file)
         dtype = pool.setdefault(dtype, dtype)
@@ -633,6 +698,10 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
                 kept = shared
             except TypeError:   # an unhashable value: kept as it is
                 kept = extra
+        if memo is not None:   # (pool is not None here)
+            if len(memo) >= FAST_CACHE_MAX:
+                memo.clear()
+            memo[id(extra)] = (extra, kept)   # the extra held: its id stays its own
     if quick is not None:
         api_key, p, io, index, slot = quick
         if pool is not None:
@@ -648,10 +717,8 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         t = TensorRec(name, api_key, io, p.index or (), p.direction, dtype, shape, stats, extra, lineno)
     a = b.apis.get(api_key) or b.api(api_key, p)
     _check_record(b, t, lineno)
-    if "call" in extra:
-        call = extra["call"]
-        if isinstance(call, dict) and "src" in call:
-            _read_sources(b, a, call["src"], lineno)
+    if has_src:
+        _read_sources(b, a, src, lineno)
     if extra.get("ctx"):
         a.ctx = str(extra["ctx"])
     a.tensors.append(t)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from typing import Any, List, Optional, Sequence
+from typing import Any, Iterator, List, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -151,6 +151,12 @@ def _quoted(cells: List[str]) -> List[str]:
 def csv_text(table: pd.DataFrame, stack_mode: bool = False) -> str:
     """The CSV file's text (see :func:`csv_frame`; the same bytes as its ``to_csv``), written from
     the table's columns: each column formatted and quoted at once, rows joined."""
+    return "".join(csv_chunks(table, stack_mode))
+
+
+def csv_chunks(table: pd.DataFrame, stack_mode: bool = False) -> Iterator[str]:
+    """:func:`csv_text` piece by piece (the header, then :data:`ROWS_PER_BLOCK` rows at a time),
+    so that a writer never holds the whole text."""
     cols = csv_columns(is_summary(table), False)
     missing = [c for c in cols if c not in table.columns]
     if missing:
@@ -160,7 +166,7 @@ def csv_text(table: pd.DataFrame, stack_mode: bool = False) -> str:
     if stack_mode:
         header.append(STACK_COLUMN)
         stacks = _stack_cells(table)
-    parts = [",".join(_quoted(header)) + "\n"]
+    yield ",".join(_quoted(header)) + "\n"
     series = [table[c] for c in cols]
     # ROWS_PER_BLOCK rows at a time: the cells' text (a float's repr is ~60 bytes) never all at once
     for a in range(0, len(table), ROWS_PER_BLOCK):
@@ -168,9 +174,9 @@ def csv_text(table: pd.DataFrame, stack_mode: bool = False) -> str:
         cells = [_quoted(column_cells(col.iloc[a:b])) for col in series]
         if stacks is not None:
             cells.append(_quoted([escape_formula(v) for v in stacks[a:b]]))
-        parts.append("\n".join(map(",".join, zip(*cells))) + "\n")
+        text = "\n".join(map(",".join, zip(*cells))) + "\n"
         del cells
-    return "".join(parts)
+        yield text
 
 
 def _stack_cells(table: pd.DataFrame) -> List[str]:

@@ -12,7 +12,7 @@ import os
 import secrets
 import tempfile
 import time
-from typing import IO, Dict, Optional, Tuple
+from typing import IO, Dict, Iterable, Optional, Tuple, Union
 from pytest_ptdbg.errors import OutputError
 
 __all__ = ["OutputError", "prepare_dir", "timestamp", "new_stem", "create_new", "write_new", "ReportSet"]
@@ -114,11 +114,16 @@ class ReportSet:
         self.files.clear()
         self.paths.clear()
 
-    def write(self, key: str, text: str) -> str:
-        """Write ``text`` into the file of ``key`` and close it; returns its path."""
+    def write(self, key: str, text: Union[str, Iterable[str]]) -> str:
+        """Write ``text`` (a string, or its pieces in order) into the file of ``key`` and close
+        it; returns its path."""
         f = self.files[key]
         with f:
-            f.write(text)
+            if isinstance(text, str):
+                f.write(text)
+            else:
+                for piece in text:
+                    f.write(piece)
         self._written.add(key)
         return self.paths[key]
 

@@ -85,3 +85,38 @@ def test_real_dump_reads_the_same_without_the_fast_path(dump_step, monkeypatch):
                                                                          for t in b.tensors]
     assert fast.problems == slow.problems and fast.has_data and slow.has_data
     assert os.path.basename(d.pkl) == records.pkl_name("api_stack")
+
+
+def test_the_dataflow_moves_to_sources_and_repeated_calls_share_their_spec(dump_step):
+    """A call spec's ``"src"`` names the producing call, so it differs from call to call: the
+    reader moves it to ``ApiRec.sources`` (the same on the fast and the checked path) and the
+    records of the same call made again share one extra object (a real dump, two layers)."""
+    d = dump_step("d", "tiny_gpt")
+    dump = reader.read_dump(d.pkl)
+    with_src = {}
+    with open(d.pkl, encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            if len(rec) > 6 and isinstance(rec[6].get("call"), dict) and "src" in rec[6]["call"]:
+                with_src[rec[0]] = rec[6]
+    assert len(with_src) > 20
+    by_name = {t.name: (a, t) for a in dump.apis for t in a.tensors}
+    specs = {}
+    for name, extra in with_src.items():
+        a, t = by_name[name]
+        call = dict(extra["call"])
+        src = call.pop("src")
+        assert t.extra["call"] == call and "src" not in t.extra["call"]
+        assert {k: v for k, v in t.extra.items() if k not in ("call", "npy")} == \
+            {k: v for k, v in extra.items() if k not in ("call", "npy")}
+        assert a.sources == {k: tuple(v) for k, v in src.items()}
+        specs.setdefault(json.dumps(t.extra, sort_keys=True), set()).add(id(t.extra))
+    assert any(len(ids) == 1 for text, ids in specs.items()), "repeated specs are one object"
+    # the checked path (a line the fast path declines: a leading space) reads the same spec and sources
+    lines = open(d.pkl, encoding="utf-8").read().splitlines(keepends=True)
+    slow = d.pkl + ".slow"
+    with open(slow, "w", encoding="utf-8") as f:
+        f.writelines(" " + x if not x.startswith(" ") else x for x in lines)
+    other = reader._read_ptdbg(slow, None)
+    assert [(a.key, a.sources, [t.extra for t in a.tensors]) for a in other.apis] == \
+        [(a.key, a.sources, [t.extra for t in a.tensors]) for a in dump.apis]
