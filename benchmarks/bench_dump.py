@@ -30,10 +30,10 @@ gpt2_tiny 3.22x / 11.7x (3.62x / 14.3x), gpt2_4l 1.25x / 2.38x (1.41x / 2.68x), 
 Issue 21 adds, in the same run, the interception floor (``floor``: a bare TorchFunctionMode) and
 torch's DebugMode with tensor hashes (``debugmode``; ``debugmode_stacks`` with stack traces), and
 prints its goals against them (statistics faster than DebugMode on every workload; the loop within
-5x of the floor); ``--no-peers`` leaves them out. Measured 2026-12-03 15:30, ``--reps 3``, load
-about 1 (statistics / full tensors, floor, DebugMode): loop 10.4x / 34.1x, 1.36x, 27.3x (at 65aac50
-12.5-12.9x); gpt2_tiny 3.4x / 9.7x, 1.11x, 5.8x; mlp 2.3x / 5.5x, 1.05x, 4.2x; transformer 1.20x /
-1.71x, 1.00x, 2.2x.
+5x of the floor); ``--no-peers`` leaves them out. Measured 2026-12-03 16:02, ``--reps 3``, load
+about 1.3 (statistics / full tensors, floor, DebugMode): loop 10.4x / 31.3x, 1.27x, 25.8x (at 65aac50
+12.5-12.9x); gpt2_tiny 3.4x / 8.2x, 1.14x, 5.9x; mlp 2.3x / 5.0x, 1.06x, 4.1x; transformer 1.17x /
+1.61x, 0.98x, 2.1x.
 """
 from __future__ import annotations
 
