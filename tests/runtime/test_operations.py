@@ -127,3 +127,48 @@ def test_a_name_from_a_dump_is_looked_up_without_running_lazy_attributes(monkeyp
     assert called == []
     (sig,) = signatures("Torch", "einsum")[:1]   # a Python function of torch: its own signature
     assert sig[0].name == "equation"
+
+
+def test_the_signature_table_is_what_the_installed_torch_gives():
+    """runtime/torch_signatures.py holds, for every API capture can record, exactly the signatures
+    torch itself gives (decoded: defaults, tuples vs lists, inf, flags), for the installed version."""
+    import json
+
+    from pytest_ptdbg.capture.signature_table import recordable_apis
+    from pytest_ptdbg.runtime import operations as O
+    from pytest_ptdbg.runtime import torch_signatures as T
+
+    hint = "regenerate with: python -m pytest_ptdbg.capture.signature_table > pytest_ptdbg/runtime/torch_signatures.py"
+    assert T.TORCH_VERSION == O._installed_torch(), hint
+    keys = recordable_apis()
+    assert len(keys) > 1000
+    assert json.loads(T.SIGNATURES_JSON) == O.derive_signatures(keys), hint
+    for t, n in keys:  # decoding gives back the very objects torch's answer holds
+        got = O._static_signatures(t, n)
+        want = O._torch_signatures(t, n)
+        assert repr(got) == repr(want), (t, n)
+        assert [[type(p.default) for p in s] for s in got] == [[type(p.default) for p in s] for s in want], (t, n)
+
+
+def test_a_statistics_compare_imports_no_torch(tmp_path):
+    """Binding the recorded calls of a real dump reads the table: a statistics compare in a fresh
+    process never imports torch (2 s and ~150 MiB otherwise)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from real_dumps import dump_one_step
+
+    npu = dump_one_step(tmp_path / "npu", "tiny_gpt", summary_only=True)
+    bench = dump_one_step(tmp_path / "bench", "tiny_gpt", summary_only=True)
+    code = textwrap.dedent(f"""
+        import sys
+        from pytest_ptdbg import compare
+        r = compare({{"npu_pkl_path": {str(npu.rank_dir)!r}, "bench_pkl_path": {str(bench.rank_dir)!r}}},
+                    {str(tmp_path / "out")!r}, replay_check=False)
+        assert r.passed, r
+        print("torch imported:", "torch" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "torch imported: False" in out.stdout, out.stdout[-2000:]
