@@ -140,9 +140,11 @@ def test_the_signature_table_is_what_the_installed_torch_gives():
 
     hint = "regenerate with: python -m pytest_ptdbg.capture.signature_table > pytest_ptdbg/runtime/torch_signatures.py"
     assert T.TORCH_VERSION == O._installed_torch(), hint
-    keys = recordable_apis()
-    assert len(keys) > 1000
-    assert json.loads(T.SIGNATURES_JSON) == O.derive_signatures(keys), hint
+    table = json.loads(T.SIGNATURES_JSON)
+    # (the name table can hold more APIs in a process that imported more of torch: those ask torch)
+    keys = [k for k in recordable_apis() if f"{k[0]}.{k[1]}" in table]
+    assert len(keys) == len(table) > 1000, hint
+    assert table == O.derive_signatures(keys), hint
     for t, n in keys:  # decoding gives back the very objects torch's answer holds
         got = O._static_signatures(t, n)
         want = O._torch_signatures(t, n)
@@ -160,13 +162,13 @@ def test_a_statistics_compare_imports_no_torch(tmp_path):
     from real_dumps import dump_one_step
 
     npu = dump_one_step(tmp_path / "npu", "tiny_gpt", summary_only=True)
-    bench = dump_one_step(tmp_path / "bench", "tiny_gpt", summary_only=True)
+    bench = dump_one_step(tmp_path / "bench", "mlp", summary_only=True)  # (another model: any verdict)
     code = textwrap.dedent(f"""
         import sys
         from pytest_ptdbg import compare
         r = compare({{"npu_pkl_path": {str(npu.rank_dir)!r}, "bench_pkl_path": {str(bench.rank_dir)!r}}},
                     {str(tmp_path / "out")!r}, replay_check=False)
-        assert r.passed, r
+        assert r.csv_path, r
         print("torch imported:", "torch" in sys.modules)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
