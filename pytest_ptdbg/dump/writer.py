@@ -210,7 +210,10 @@ class RankWriter:
         self.failure: Optional[str] = None
         self._active = False  # the rank directory is (being) replaced: this step writes into it
         self._reported = False
-        self._manifest_state: Any = None  # (lines, failure) the manifest on disk says
+        self._manifest_state: Any = None  # (lines, reason) the manifest on disk says
+        #: records the sink had to leave out while the dump went on (``record name: why``): the
+        #: manifest then says incomplete, naming them, so compare never passes without them
+        self.left_out: List[str] = []
         #: the rank directory, held open: the manifest is written into it wherever it is now
         self._dir_fd: Optional[int] = None
         #: (st_dev, st_ino) of the rank directory, the data directory and the .pkl as made
@@ -360,18 +363,20 @@ class RankWriter:
             moved = self._moved()  # complete only where every record is where the dump says
             if moved is not None:
                 self._stop_with(moved)
-        state = (self.lines, self.failure)
+        reason = self.failure
+        if reason is None and self.left_out:
+            reason = (f"{len(self.left_out)} record(s) left out (" + "; ".join(self.left_out[:3])
+                      + ("; ..." if len(self.left_out) > 3 else "") + ")")
+        state = (self.lines, reason)
         if state == self._manifest_state:
             self._report()
             return  # the manifest on disk says this already (stop() then step())
         dfd = self._dir_fd
         try:
             try:  # the manifest _make wrote, updated in place (no rename: see rewrite_manifest)
-                manifest.rewrite_manifest(self.pkl_path, self.lines, self.failure is None, self.failure,
-                                          dir_fd=dfd)
+                manifest.rewrite_manifest(self.pkl_path, self.lines, reason is None, reason, dir_fd=dfd)
             except FileNotFoundError:
-                manifest.write_manifest(self.pkl_path, self.lines, self.failure is None, self.failure,
-                                        dir_fd=dfd)
+                manifest.write_manifest(self.pkl_path, self.lines, reason is None, reason, dir_fd=dfd)
             self._manifest_state = state
         except Exception as e:  # noqa: BLE001 - a missing manifest already makes compare fail
             self._fail(e, manifest.manifest_path(self.pkl_path))
@@ -1259,6 +1264,7 @@ class DumpSink(Sink):
                     body = h[6] if type(h) is list else _body(h)
                     if body is None:
                         report_internal_error(f"record {e[0]}", RuntimeError(_STALE), self)
+                        self.writer.left_out.append(f"{e[0]}: {_STALE}")
                         continue
                     append(body_line(e[0], body, e[2], e[3], e[4], e[5]))
                 except Exception as exc:  # noqa: BLE001 - a snapshot measured nowhere: drop it

@@ -7,7 +7,8 @@ For ``{rank_dir}/{mode}_dump.pkl`` it is ``{rank_dir}/{mode}_dump.manifest.json`
 
 ``records`` is the number of complete lines the ``.pkl`` held when the manifest was written (at every
 ``stop()`` and ``step()``, after the step's pending lines and ``.npy`` files reached the disk).
-``complete`` is false when the dump stopped early (a full disk, a write error); ``reason`` says why.
+``complete`` is false when the dump stopped early (a full disk, a write error) or left records out
+(a record the debugger could not write truly); ``reason`` says why.
 It is a separate file, not a line of the ``.pkl``, so ptdbg and msprobe readers are unaffected.
 
 The rule compare applies (:func:`judge_completeness`): a dump written by this project (its records
@@ -186,7 +187,7 @@ def judge_completeness(pkl_path: str, complete_lines: int, ours: bool) -> Comple
         )
     if not doc["complete"]:
         why = doc.get("reason") or "no reason recorded"
-        return Completeness("incomplete", f"{pkl_path}: the dump stopped early: {why}")
+        return Completeness("incomplete", f"{pkl_path}: the dump is incomplete: {why}")
     if doc["records"] != complete_lines:
         return Completeness(
             "incomplete",

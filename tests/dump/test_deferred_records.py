@@ -149,6 +149,17 @@ def test_a_write_capture_cannot_see_drops_the_record_with_a_warning_never_a_wron
     assert "Torch_tanh_0_forward_output.0" not in names
     text = " ".join(str(w.message) for w in caught)
     assert "Torch_tanh_0_forward_output.0" in text and "written before its statistics were read" in text
+    # never a false pass: the manifest says a record is missing, so even this dump against itself
+    # (both sides without the record) fails, naming it
+    rank = os.path.join(str(tmp_path), "ptdbg_dump_v4.0", "step0", "rank0")
+    with open(os.path.join(rank, "api_stack_dump.manifest.json")) as f:
+        man = json.load(f)
+    assert man["complete"] is False and "Torch_tanh_0_forward_output.0" in man["reason"]
+    from pytest_ptdbg import compare
+
+    r = compare({"npu_pkl_path": rank, "bench_pkl_path": rank}, str(tmp_path / "out"), replay_check=False)
+    assert not r.passed
+    assert "Torch_tanh_0_forward_output.0" in " ".join(str(p) for p in r.problems)
 
 
 def test_a_gradient_changed_in_place_by_a_users_hook_is_recorded_as_autograd_handed_it_over(tmp_path):
@@ -197,3 +208,4 @@ def test_writes_capture_does_not_record_leave_true_records(tmp_path):
     assert recs["Torch_mul_0_forward_input.0"][5][:2] == [1.0, -1.0]  # w before the update
     assert recs["Torch_exp_0_forward_input.0"][5][:2] == [1.0, 0.0]  # v before add_
     assert float(w.max()) == pytest.approx(-1.0 - 10.0 * 1.0)  # the update did run (w - 10 x)
+
