@@ -209,3 +209,31 @@ def test_writes_capture_does_not_record_leave_true_records(tmp_path):
     assert recs["Torch_exp_0_forward_input.0"][5][:2] == [1.0, 0.0]  # v before add_
     assert float(w.max()) == pytest.approx(-1.0 - 10.0 * 1.0)  # the update did run (w - 10 x)
 
+
+@pytest.mark.parametrize("model", ["tiny_gpt", "cnn"])
+def test_node_taps_checked_on_the_learned_edges_equal_walked_taps(tmp_path, model):
+    """Where a call's input gradients were learned to be edges of its output's own node, later calls
+    of that signature are tapped by checking those edges instead of walking the graph: the same
+    backward records as walking every time."""
+    from pytest_ptdbg.capture.engine import CaptureEngine
+
+    def make():  # three training steps in one dumped step: later calls reuse what the first learned
+        m, b = em.MODELS[model](seed=0)
+        return lambda: [em.train_step(m, b) for _ in range(3)]
+
+    hits = []
+    orig = CaptureEngine._direct_hit
+
+    def counting(*a):
+        ok = orig(*a)
+        hits.append(ok)
+        return ok
+
+    with patched(CaptureEngine, "_direct_hit", staticmethod(counting)):
+        checked = _dump(str(tmp_path / "checked"), make())
+    with patched(CaptureEngine, "_direct_hit", staticmethod(lambda *a: False)):
+        walked = _dump(str(tmp_path / "walked"), make())
+    assert sum(hits) > 5  # the checked path did tap calls
+    checked, walked = ([x for x in d if "_stack_info" not in x] for d in (checked, walked))
+    assert checked == walked
+    assert sum("backward_output" in x for x in checked) > 10
