@@ -832,7 +832,8 @@ class DumpSink(Sink):
     (a user's gradient hook may change it in place, which capture does not see). Records are
     therefore true as at entry/return;
     one whose tensor was still changed unseen before the flush (another version or memory) is
-    dropped with a warning, never written with numbers it did not have. Records go to the
+    dropped with a warning and named in the manifest, which then says incomplete (so no compare
+    passes without it), never written with numbers it did not have. Records go to the
     ``.pkl`` in their order, in whole lines. The same tensor at the same version recorded again
     in one batch (one call's output as the next one's input) shares its holder; a tensor of at
     least ``cache.min_numel`` elements is also looked up in :class:`stats.StatsCache`, which
