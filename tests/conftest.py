@@ -43,3 +43,42 @@ def compare_pair(tmp_path):
     def run(npu, bench, out="out", **options):
         return run_compare(npu, bench, tmp_path / out, **options)
     return run
+
+
+#: classes whose attributes tests patch (``monkeypatch``, ``real_dumps.patched``): a test must leave
+#: them as it found them, or every later test of the same worker runs another capture
+_WATCHED = (("pytest_ptdbg.capture.engine", "CaptureEngine"), ("pytest_ptdbg.dump.writer", "DumpSink"),
+            ("pytest_ptdbg.dump.writer", "RankWriter"), ("pytest_ptdbg.dump.writer", "AsyncRankWriter"))
+
+
+def _class_attributes() -> dict:
+    """``{class name: {attribute: value}}`` of the watched classes, imported here once torch is (tests
+    that never load torch stay without it)."""
+    out = {}
+    for module, name in _WATCHED:
+        mod = sys.modules.get(module)
+        if mod is None and "torch" in sys.modules:
+            import importlib
+
+            mod = importlib.import_module(module)
+        cls = getattr(mod, name, None) if mod is not None else None
+        if cls is not None:
+            out[name] = dict(vars(cls))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _capture_classes_left_as_found():
+    """Fails the test that leaves an attribute of capture's or the dump writer's classes changed."""
+    before = _class_attributes()
+    yield
+    after = _class_attributes()
+    changed = sorted(f"{cls}.{attr}" for cls, attrs in before.items()
+                     for attr in set(attrs) | set(after.get(cls, {}))
+                     if attrs.get(attr, _MISSING) is not after.get(cls, {}).get(attr, _MISSING))
+    if changed:
+        pytest.fail("this test left " + ", ".join(changed) + " changed: later tests in this process "
+                    "would run another capture (restore with monkeypatch or real_dumps.patched)")
+
+
+_MISSING = object()

@@ -77,13 +77,21 @@ def dump_user_step(path: Any, step: Callable[[], Any], *, summary_only: bool = F
 
 @contextlib.contextmanager
 def patched(owner: Any, name: str, value: Any):
-    """``owner.name = value`` for the block (a faulty kernel the capture sees as the original)."""
-    saved = getattr(owner, name)
+    """``owner.name = value`` for the block (a faulty kernel the capture sees as the original).
+
+    On a class, what its own ``__dict__`` held is put back as it was (a staticmethod stays one;
+    an inherited attribute is deleted again), not what ``getattr`` gives."""
+    missing = object()
+    own = isinstance(owner, type)
+    saved = owner.__dict__.get(name, missing) if own else getattr(owner, name)
     setattr(owner, name, value)
     try:
         yield
     finally:
-        setattr(owner, name, saved)
+        if saved is missing:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, saved)
 
 
 @contextlib.contextmanager
