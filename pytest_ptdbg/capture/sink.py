@@ -8,9 +8,9 @@ are others. ``PrecisionDebugger`` builds its sinks with ``Cls(config=<DebugConfi
 input_output_mode, summary_only, acl_config, backward_input, overflow_nums``) and attaches them to
 the engine. A sink's callbacks run with capture paused (their torch calls are not recorded); an
 exception raised in one never reaches the user's code: capture catches it, warns once per kind of
-failure (:func:`report_internal_error`) and sets the sink's ``degraded`` to the reason (the dump
-then misses that call's records), and the user's step goes on unchanged. The one exception is
-:class:`SinkStop` (``overflow_check`` stopping the run at the N-th overflow, a
+failure (:func:`report_internal_error`) and tells the sink (``lost``: the dump then misses that
+call's records and its manifest says incomplete, naming them), and the user's step goes on
+unchanged. The one exception is :class:`SinkStop` (``overflow_check`` stopping the run at the N-th overflow, a
 :class:`SinkUsageError`): a sink raises it on purpose and capture lets it through.
 
 Life of one recorded API call (only the outermost public PyTorch call is seen; calls made inside
@@ -49,8 +49,10 @@ Sink protocol (duck-typed; subclass :class:`Sink` for the defaults):
     A sink that holds records by reference copies them here.
 ``flush() -> None``: make everything recorded so far durable (end of a start/stop segment).
 ``close() -> None``: end of a step (or of the debugger); release files.
-``degraded``: None, or the first internal error's text (set by :func:`report_internal_error`):
-    the sink's output misses records.
+``lost(reason) -> None`` (optional) and ``degraded``: an internal error cost the sink's output a
+    record (:func:`report_internal_error` calls ``lost`` each time; the default keeps the first
+    reason as ``degraded``). The dump writer names each in the manifest, which then says
+    incomplete: a dump missing a record never passes a compare.
 
 Indexing of inputs and outputs: inputs are ``list(args) + list(kwargs.values())`` (kwargs in the
 order given), one index per position (positions holding no tensor or number get no record but keep
@@ -327,12 +329,16 @@ LOST_RECORD = "the dump misses this record"
 def report_internal_error(where: str, error: BaseException, sink: Optional[Sink] = None,
                           effect: str = LOST_RECORD) -> None:
     """An internal error of the debugger inside the user's step: never raised, warned once per
-    ``(where, exception type)``, and recorded as ``sink.degraded`` (the first reason is kept).
-    ``effect`` says, truly, what it cost (default: a record is missing)."""
+    ``(where, exception type)``, and handed to ``sink.lost(reason)`` (every time, not once: the
+    dump writer names it in the manifest, which then says incomplete). ``effect`` says, truly,
+    what it cost (default: a record is missing); with no sink, nothing recorded was lost."""
     reason = f"{where}: {type(error).__name__}: {error}".splitlines()[0][:300]
     if sink is not None:
         try:
-            if getattr(sink, "degraded", None) is None:
+            lost = getattr(sink, "lost", None)
+            if callable(lost):
+                lost(reason)
+            elif getattr(sink, "degraded", None) is None:
                 sink.degraded = reason
         except Exception:
             pass
@@ -355,6 +361,12 @@ class Sink:
     wants_backward: bool = True
     #: None, or why the sink's output misses records (see :func:`report_internal_error`)
     degraded: Optional[str] = None
+
+    def lost(self, reason: str) -> None:
+        """An internal error cost this sink's output a record (:func:`report_internal_error`):
+        the first reason is kept as ``degraded``. A sink that writes a dump must say so in it."""
+        if self.degraded is None:
+            self.degraded = reason
 
     def start_call(self, call: ApiCall) -> bool:  # pragma: no cover - protocol default
         return False

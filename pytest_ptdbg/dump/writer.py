@@ -179,6 +179,10 @@ def _write_all(fd: int, data: Union[bytes, memoryview]) -> int:
     return done
 
 
+#: records left out that a manifest names (all are counted)
+LEFT_OUT_NAMED = 100
+
+
 class RankWriter:
     """The files of one rank in one step.
 
@@ -211,15 +215,23 @@ class RankWriter:
         self._active = False  # the rank directory is (being) replaced: this step writes into it
         self._reported = False
         self._manifest_state: Any = None  # (lines, reason) the manifest on disk says
-        #: records the sink had to leave out while the dump went on (``record name: why``): the
-        #: manifest then says incomplete, naming them, so compare never passes without them
+        #: records the sink had to leave out while the dump went on (``record name: why``, the
+        #: first :data:`LEFT_OUT_NAMED`; ``left_out_count`` counts all): the manifest then says
+        #: incomplete, naming them, so compare never passes without them
         self.left_out: List[str] = []
+        self.left_out_count = 0
         #: the rank directory, held open: the manifest is written into it wherever it is now
         self._dir_fd: Optional[int] = None
         #: (st_dev, st_ino) of the rank directory, the data directory and the .pkl as made
         self._idents: List[Tuple[str, str, Tuple[int, int]]] = []
 
     # -- failures ---------------------------------------------------------------------------
+    def leave_out(self, what: str) -> None:
+        """A record the dump goes on without (``name: why``): the manifest will say incomplete."""
+        self.left_out_count += 1
+        if len(self.left_out) < LEFT_OUT_NAMED:
+            self.left_out.append(what)
+
     def _fail(self, exc: BaseException, path: Optional[str] = None) -> None:
         """Stop the dump (any thread). The manifest says so at once, rewritten in place (a full
         disk has no room for a new file, but the truncated old one frees its own); if even that
@@ -364,9 +376,10 @@ class RankWriter:
             if moved is not None:
                 self._stop_with(moved)
         reason = self.failure
-        if reason is None and self.left_out:
-            reason = (f"{len(self.left_out)} record(s) left out (" + "; ".join(self.left_out[:3])
-                      + ("; ..." if len(self.left_out) > 3 else "") + ")")
+        if reason is None and self.left_out_count:
+            n = self.left_out_count
+            reason = (f"{n} record(s) left out (" + "; ".join(self.left_out[:3])
+                      + ("; ..." if n > 3 else "") + ")")
         state = (self.lines, reason)
         if state == self._manifest_state:
             self._report()
@@ -1136,6 +1149,12 @@ class DumpSink(Sink):
                     for h in hs:
                         h[3] = None  # its statistics are true for its record, never reused
 
+    def lost(self, reason: str) -> None:
+        """A record this dump goes on without (an internal error, a tensor written unseen): named in
+        the manifest, which then says incomplete, so no compare passes without it."""
+        super().lost(reason)
+        self.writer.leave_out(reason)
+
     def before_write(self) -> None:
         """Capture's notice that a call it does not record may write tensors (an in-place op outside
         its name table, a backward pass whose hooks it does not see): pending references are copied."""
@@ -1264,8 +1283,9 @@ class DumpSink(Sink):
                     # a holder measured in this batch, or the statistics the cache had
                     body = h[6] if type(h) is list else _body(h)
                     if body is None:
-                        report_internal_error(f"record {e[0]}", RuntimeError(_STALE), self)
-                        self.writer.left_out.append(f"{e[0]}: {_STALE}")
+                        report_internal_error(f"record {e[0]}", RuntimeError(_STALE), None,
+                                              "this record is left out and the manifest says incomplete")
+                        self.lost(f"{e[0]}: {_STALE}")
                         continue
                     append(body_line(e[0], body, e[2], e[3], e[4], e[5]))
                 except Exception as exc:  # noqa: BLE001 - a snapshot measured nowhere: drop it

@@ -512,6 +512,57 @@ def test_internal_error_in_a_record_loses_only_that_record(tmp_path, monkeypatch
     recs = _records(tmp_path)
     assert not [k for k in recs if "_relu_" in k]
     assert "Functional_linear_1_forward_output.0" in recs and "Functional_linear_0_backward_output.1" in recs
+    # never a false pass: the manifest says the dump misses records, naming the first
+    man = _manifest(tmp_path)
+    assert man["complete"] is False and "relu" in man["reason"] and "MemoryError" in man["reason"]
+
+
+def _manifest(tmp_path, step: int = 0) -> dict:
+    (path,) = glob.glob(os.path.join(records.rank_dir(str(tmp_path), step), "*.manifest.json"))
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_an_internal_error_in_capture_makes_the_dump_incomplete_and_no_compare_passes(tmp_path, monkeypatch):
+    """Capture failing to tap a call's input gradients (here: checking the learned edges raises,
+    as a stale patch once made it do in every later test of a worker) used to leave the dump
+    saying complete while it missed those calls' backward_output records: a compare of two such
+    dumps passed on fewer records. Now the step is unchanged, the manifest says incomplete and
+    names the call, and the compare fails, even of the dump against itself."""
+    from pytest_ptdbg import compare
+    from pytest_ptdbg.capture.engine import CaptureEngine
+
+    def broken(*_a):
+        raise TypeError("edge check bug")
+
+    def run(path):
+        seed_all(0)
+        model, batch = em.tiny_gpt(seed=0)
+        dbg = _debugger(path, "stats")
+        dbg.start()
+        torch.manual_seed(1)
+        out = _mlp_step(model, batch)
+        dbg.stop()
+        dbg.close()
+        return out
+
+    clean = run(tmp_path / "clean")
+    monkeypatch.setattr(CaptureEngine, "_direct_hit", staticmethod(broken))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = run(tmp_path / "broken")
+    assert _same(clean, got)
+    assert any("edge check bug" in str(w.message) for w in caught)
+    assert _manifest(tmp_path / "clean")["complete"] is True
+    man = _manifest(tmp_path / "broken")
+    assert man["complete"] is False and "capture node taps" in man["reason"] and "edge check bug" in man["reason"]
+    lost = set(_records(tmp_path / "clean")) - set(_records(tmp_path / "broken"))
+    assert lost and all("_backward_output." in k for k in lost)
+    rank = records.rank_dir(str(tmp_path / "broken"), 0)
+    for bench in (rank, records.rank_dir(str(tmp_path / "clean"), 0)):
+        r = compare({"npu_pkl_path": rank, "bench_pkl_path": bench}, str(tmp_path / "out"), replay_check=False)
+        assert not r.passed
+        assert "capture node taps" in " ".join(str(p) for p in r.problems)
 
 
 # ------------------------------------- every example model and the idioms above, bit for bit
