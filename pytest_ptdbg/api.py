@@ -28,6 +28,7 @@ from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.comparison.table import build_table
 from pytest_ptdbg.dump import reader
 from pytest_ptdbg.format import records
+from pytest_ptdbg.format.environment import differences as environment_differences
 from pytest_ptdbg.runtime import pool
 from pytest_ptdbg.runtime.gc_pause import paused_gc
 from pytest_ptdbg.runtime.progress import Progress
@@ -212,6 +213,10 @@ def _compare_run(npu: reader.Dump, bench: reader.Dump, options: CompareOptions) 
         notes.extend(dump.notes)
         if not dump.apis:
             problems.append(f"{dump.source}: the {side.upper()} dump holds no usable record: nothing to compare")
+    env_diff = environment_differences(npu.environment, bench.environment)
+    if env_diff:
+        notes.append("arithmetic environments differ (the judgement budgets each call in the mode its "
+                     "device recorded): " + "; ".join(f"[{d}]" for d in env_diff[:12]))
     if npu.mode and bench.mode and npu.mode != bench.mode:
         notes.append(f"dumps of different modes: NPU {npu.mode!r} ({npu.source}) vs bench "
                         f"{bench.mode!r} ({bench.source}); calls recorded by one side only are unpaired")

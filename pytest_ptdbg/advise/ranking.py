@@ -25,7 +25,7 @@ from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.advise.advisor import MIN_GROWTH, Advice, Kind, Role, Suspect
 from pytest_ptdbg.runtime.text import fmt_error
 from pytest_ptdbg.judge import not_judged as NJ
-from pytest_ptdbg.judge.finding import Cause, FaultCategory, Finding
+from pytest_ptdbg.judge.finding import REDUCED_FP32, Cause, FaultCategory, Finding
 from pytest_ptdbg.judge.step import StepJudgement
 from pytest_ptdbg.judge.verdicts import Status
 
@@ -62,6 +62,16 @@ def advice_for_cause(rc: Finding, category: FaultCategory) -> str:
                 "re-dump this call in full (summary_only=False, mode=\"list\") to judge it by replay.")
     size = (f"{fmt_error(rc.own_error)} (budget {fmt_error(rc.budget)})" if rc.own_error == rc.own_error
             and rc.budget == rc.budget else "more than its budget")  # unknown numbers are left out
+    if category == FaultCategory.REDUCED_PRECISION and rc.matches_dtype in REDUCED_FP32:
+        return (f"{op} loses precision by itself: on its own recorded inputs {where} are off by {size}, "
+                f"and they match a {rc.matches_dtype.upper()} computation: the device rounded this float32 "
+                f"{'convolution' if 'conv' in rc.family else 'matmul'}'s operands to "
+                f"{rc.matches_dtype.upper()} although the run's flags asked for strict float32 (the dump "
+                "records them). Either the device ignores the flags (a bug to report), or set them where "
+                "the device honours them: torch.backends.cudnn.allow_tf32 / "
+                "torch.backends.cuda.matmul.allow_tf32 = False or torch.set_float32_matmul_precision("
+                "'highest') on CUDA, torch.npu.conv.allow_hf32 / torch.npu.matmul.allow_hf32 = False on "
+                "Ascend; a run that allows the mode is judged in it. " + replay)
     if category == FaultCategory.REDUCED_PRECISION:
         return (f"{op} loses precision by itself: on its own recorded inputs {where} are off by "
                 f"{size}, more than a correct kernel in its compute dtype makes. The kernel computes "

@@ -23,7 +23,10 @@ A call made under a math mode that changes what a correct kernel computes adds i
 ``"modes"`` key (:func:`math_modes`): ``{"autocast": "torch.bfloat16"}`` when autocast was on for
 the device type of the call's first tensor (a composite kernel such as PyTorch's own LSTM then
 computes inside in bf16 although its outputs are float32), ``{"mkldnn": false}`` when oneDNN was
-switched off. The judgement's reference replay runs under them; an argument comparer ignores them.
+switched off, ``{"fp32": "tf32"}`` (or ``"hf32"``, ``"bf16"``) when the call is a float32 matmul,
+convolution or RNN that its device's flags allowed to compute in that reduced format
+(``runtime/environment.py``: TF32 convolutions are cuDNN's default). The judgement's reference
+replay runs under them; an argument comparer ignores them.
 """
 from __future__ import annotations
 
@@ -34,9 +37,10 @@ from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 
+from pytest_ptdbg.runtime.environment import fp32_mode
 
 __all__ = ["SEQ_DATA_MIN", "NumberSequence", "dense_strides", "encode_call", "encode_call_json",
-           "encode_value", "math_modes", "number_sequence", "sequence_tensor"]
+           "encode_value", "first_tensor", "math_modes", "number_sequence", "sequence_tensor"]
 
 
 def _idx(path: Tuple[int, ...]) -> str:
@@ -293,21 +297,46 @@ _autocast_on = torch._C._is_any_autocast_enabled
 _mkldnn_on = torch._C._get_mkldnn_enabled
 
 
-def math_modes(args: tuple, kwargs: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+def math_modes(args: tuple, kwargs: Mapping[str, Any], fp32_family: Optional[str] = None) -> Optional[Dict[str, Any]]:
     """The math modes the call runs under that change what a correct kernel computes (see the module
-    docstring), or None when there are none (the common case: two C calls)."""
+    docstring), or None when there are none (the common case: two C calls). ``fp32_family``: the
+    call is a matmul, convolution or RNN (``runtime/reduced_fp32.py``) whose float32 precision a
+    backend flag may reduce (TF32, HF32, BF16): the reduced format allowed now is recorded."""
     out: Dict[str, Any] = {}
     if not _mkldnn_on():
         out["mkldnn"] = False
+    autocast = False
     if _autocast_on():
         device = _first_device(args, kwargs)
         if device is not None:
             try:
                 if torch.is_autocast_enabled(device):
                     out["autocast"] = str(torch.get_autocast_dtype(device))
+                    autocast = True
             except (RuntimeError, ValueError, TypeError):  # a device type autocast does not know
                 pass
+    if fp32_family is not None and not autocast:
+        t = first_tensor(args, kwargs)
+        if t is not None and t.dtype is _F32:
+            fmt = fp32_mode(fp32_family, t.device.type)
+            if fmt:
+                out["fp32"] = fmt
     return out or None
+
+
+_F32 = torch.float32
+
+
+def first_tensor(args: tuple, kwargs: Mapping[str, Any]) -> Any:
+    """The call's first tensor (looking one level into lists), or None."""
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, _Tensor):
+            return v
+        if type(v) in _SEQ:
+            for x in v:
+                if isinstance(x, _Tensor):
+                    return x
+    return None
 
 
 def _first_device(args: tuple, kwargs: Mapping[str, Any]) -> Optional[str]:

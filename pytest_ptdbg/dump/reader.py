@@ -123,6 +123,11 @@ class Dump:
     def n_tensors(self) -> int:
         return sum(len(a.tensors) for a in self.apis)
 
+    @property
+    def environment(self) -> Optional[Dict[str, Any]]:
+        """The arithmetic environment the dump's manifest recorded (``format/environment.py``), or None."""
+        return self.completeness.environment if self.completeness is not None else None
+
 
 @dataclass
 class Located:

@@ -37,9 +37,11 @@ import torch
 
 from pytest_ptdbg.capture.isolation import isolated
 from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors, report_internal_error
-from pytest_ptdbg.dump.call_spec import encode_call_json, math_modes, number_sequence, sequence_tensor
+from pytest_ptdbg.dump.call_spec import encode_call_json, first_tensor, math_modes, number_sequence, sequence_tensor
 from pytest_ptdbg.dump.select import Selector, filtered_out
 from pytest_ptdbg.format import manifest, records
+from pytest_ptdbg.runtime.environment import arithmetic_environment
+from pytest_ptdbg.runtime.reduced_fp32 import FP32_APIS
 from pytest_ptdbg.dump.stats import (BATCH_DTYPES, SHARED_CACHE, TensorStats, batch_stat_columns, dtype_name,
                                      scalar_stats, tensor_stats)
 
@@ -179,6 +181,9 @@ def _write_all(fd: int, data: Union[bytes, memoryview]) -> int:
     return done
 
 
+#: (api type, api name) -> the float32 family a backend flag sets the precision of (matmul, conv, rnn)
+_FP32_FAMILY = {k: v[0] for k, v in FP32_APIS.items()}
+
 #: records left out that a manifest names (all are counted)
 LEFT_OUT_NAMED = 100
 
@@ -220,6 +225,8 @@ class RankWriter:
         #: incomplete, naming them, so compare never passes without them
         self.left_out: List[str] = []
         self.left_out_count = 0
+        #: the run's arithmetic environment, written into the manifest (``runtime/environment.py``)
+        self.environment: Optional[Dict[str, Any]] = None
         #: the rank directory, held open: the manifest is written into it wherever it is now
         self._dir_fd: Optional[int] = None
         #: (st_dev, st_ino) of the rank directory, the data directory and the .pkl as made
@@ -249,7 +256,8 @@ class RankWriter:
         mpath = manifest.manifest_path(self.pkl_path)
         dfd = self._dir_fd
         name = os.path.basename(mpath) if dfd is not None else mpath
-        text = manifest.manifest_text(os.path.basename(self.pkl_path), self.lines, False, self.failure)
+        text = manifest.manifest_text(os.path.basename(self.pkl_path), self.lines, False, self.failure,
+                                      self.environment)
         try:
             fd = os.open(name, os.O_WRONLY | os.O_TRUNC, dir_fd=dfd)  # only the existing one
             try:
@@ -314,7 +322,8 @@ class RankWriter:
             idents.append(("data folder", self.data_dir, (st.st_dev, st.st_ino)))
         # until the first stop() the manifest says "not closed"; it also reserves the manifest's
         # room, so that a disk filled later can still be told the dump stopped (see _fail)
-        manifest.write_manifest(self.pkl_path, 0, False, _NOT_CLOSED, dir_fd=self._dir_fd)
+        manifest.write_manifest(self.pkl_path, 0, False, _NOT_CLOSED, dir_fd=self._dir_fd,
+                                environment=self.environment)
         fd = os.open(self.pkl_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         st = os.fstat(fd)
         idents.append(("record file", self.pkl_path, (st.st_dev, st.st_ino)))
@@ -387,9 +396,11 @@ class RankWriter:
         dfd = self._dir_fd
         try:
             try:  # the manifest _make wrote, updated in place (no rename: see rewrite_manifest)
-                manifest.rewrite_manifest(self.pkl_path, self.lines, reason is None, reason, dir_fd=dfd)
+                manifest.rewrite_manifest(self.pkl_path, self.lines, reason is None, reason, dir_fd=dfd,
+                                          environment=self.environment)
             except FileNotFoundError:
-                manifest.write_manifest(self.pkl_path, self.lines, reason is None, reason, dir_fd=dfd)
+                manifest.write_manifest(self.pkl_path, self.lines, reason is None, reason, dir_fd=dfd,
+                                        environment=self.environment)
             self._manifest_state = state
         except Exception as e:  # noqa: BLE001 - a missing manifest already makes compare fail
             self._fail(e, manifest.manifest_path(self.pkl_path))
@@ -890,6 +901,10 @@ class DumpSink(Sink):
         #: slot]`` as JSON) of each output of the step's recorded calls; the weak reference guards
         #: against id reuse
         self._made_by: Dict[int, Tuple[Any, str]] = {}
+        try:
+            self.writer.environment = arithmetic_environment()
+        except Exception as e:  # noqa: BLE001 - flags read safely; never let the record stop a dump
+            report_internal_error("arithmetic environment", e, None, "the manifest does not record it")
         self.writer.prepare()
 
     # -- records ---------------------------------------------------------------------------
@@ -1077,7 +1092,10 @@ class DumpSink(Sink):
             if self.with_tensors:
                 args, kwargs = call.args, call.kwargs
                 try:
-                    spec = encode_call_json(args, kwargs, math_modes(args, kwargs))
+                    fam = _FP32_FAMILY.get((call.api_type, call.api_name))
+                    spec = encode_call_json(args, kwargs, math_modes(args, kwargs, fam))
+                    if fam is not None:
+                        self._computed_on(args, kwargs)
                 except Exception as e:  # pragma: no cover - never let the spec break a run
                     spec = {"repr": f"unencodable call: {e}"}
                 items = list(args) + list(kwargs.values()) if kwargs else args
@@ -1148,6 +1166,16 @@ class DumpSink(Sink):
                         hs = ()
                     for h in hs:
                         h[3] = None  # its statistics are true for its record, never reused
+
+    def _computed_on(self, args: tuple, kwargs: dict) -> None:
+        """Note the device type a matmul/convolution ran on (the environment's ``computed_on``)."""
+        env = self.writer.environment
+        t = first_tensor(args, kwargs)
+        if env is not None and t is not None:
+            on = env.setdefault("computed_on", [])
+            kind = t.device.type
+            if kind not in on:
+                on.append(kind)
 
     def lost(self, reason: str) -> None:
         """A record this dump goes on without (an internal error, a tensor written unseen): named in

@@ -7,6 +7,9 @@ For ``{rank_dir}/{mode}_dump.pkl`` it is ``{rank_dir}/{mode}_dump.manifest.json`
 
 ``records`` is the number of complete lines the ``.pkl`` held when the manifest was written (at every
 ``stop()`` and ``step()``, after the step's pending lines and ``.npy`` files reached the disk).
+``environment`` (optional) is the run's arithmetic environment (``runtime/environment.py``: the
+accelerator, versions, the float32 precision each backend allows, deterministic and SDPA settings,
+autocast), read back as data by ``format/environment.py``.
 ``complete`` is false when the dump stopped early (a full disk, a write error) or left records out
 (a record the debugger could not write truly); ``reason`` says why.
 It is a separate file, not a line of the ``.pkl``, so ptdbg and msprobe readers are unaffected.
@@ -25,6 +28,8 @@ import os
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
+
+from pytest_ptdbg.format.environment import checked_environment
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -53,9 +58,11 @@ def manifest_path(pkl_path: str) -> str:
     return base + _SUFFIX
 
 
-def manifest_text(pkl_name: str, records: int, complete: bool = True, reason: Optional[str] = None) -> str:
-    """The manifest's JSON text (one line, newline-terminated)."""
-    doc = {
+def manifest_text(pkl_name: str, records: int, complete: bool = True, reason: Optional[str] = None,
+                  environment: Optional[Dict[str, Any]] = None) -> str:
+    """The manifest's JSON text (one line, newline-terminated); ``environment``: the run's arithmetic
+    environment (``runtime/environment.py``), when known."""
+    doc: Dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
         "pkl": pkl_name,
@@ -63,6 +70,8 @@ def manifest_text(pkl_name: str, records: int, complete: bool = True, reason: Op
         "complete": bool(complete),
         "reason": reason,
     }
+    if environment is not None:
+        doc["environment"] = environment
     return json.dumps(doc) + "\n"
 
 
@@ -72,7 +81,7 @@ def _at(path: str, dir_fd: Optional[int]) -> str:
 
 
 def write_manifest(pkl_path: str, records: int, complete: bool = True, reason: Optional[str] = None,
-                   dir_fd: Optional[int] = None) -> str:
+                   dir_fd: Optional[int] = None, environment: Optional[Dict[str, Any]] = None) -> str:
     """Write the manifest of ``pkl_path`` atomically (temporary file + ``os.replace``); its path.
 
     ``dir_fd``: an open descriptor of the ``.pkl``'s folder; the manifest is then written into that
@@ -82,7 +91,7 @@ def write_manifest(pkl_path: str, records: int, complete: bool = True, reason: O
     path = manifest_path(pkl_path)
     tmp = _at(f"{path}.tmp-{os.getpid()}", dir_fd)
     dst = _at(path, dir_fd)
-    data = manifest_text(os.path.basename(pkl_path), records, complete, reason).encode()
+    data = manifest_text(os.path.basename(pkl_path), records, complete, reason, environment).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
     try:
         try:
@@ -102,7 +111,7 @@ def write_manifest(pkl_path: str, records: int, complete: bool = True, reason: O
 
 
 def rewrite_manifest(pkl_path: str, records: int, complete: bool = True, reason: Optional[str] = None,
-                     dir_fd: Optional[int] = None) -> str:
+                     dir_fd: Optional[int] = None, environment: Optional[Dict[str, Any]] = None) -> str:
     """Update an existing manifest in place (one ``pwrite`` from offset 0, then cut to length);
     its path. Raises OSError, FileNotFoundError when there is none yet (then use
     :func:`write_manifest`).
@@ -112,7 +121,7 @@ def rewrite_manifest(pkl_path: str, records: int, complete: bool = True, reason:
     process killed between the write and the cut leaves old bytes after the new text: the file is
     then not valid JSON, which compare fails as unreadable, never as complete."""
     path = manifest_path(pkl_path)
-    data = manifest_text(os.path.basename(pkl_path), records, complete, reason).encode()
+    data = manifest_text(os.path.basename(pkl_path), records, complete, reason, environment).encode()
     fd = os.open(path, os.O_WRONLY)
     try:
         done = 0
@@ -157,10 +166,13 @@ def read_manifest(pkl_path: str) -> Optional[Dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Completeness:
-    """Whether a dump is whole: ``status`` is ``complete``, ``incomplete`` or ``unknown``."""
+    """Whether a dump is whole: ``status`` is ``complete``, ``incomplete`` or ``unknown``; and the
+    run's arithmetic environment its manifest recorded (None: not recorded; data, see
+    ``format/environment.py``)."""
 
     status: str
     message: str = ""
+    environment: Optional[Dict[str, Any]] = None
 
     @property
     def failed(self) -> bool:
@@ -185,16 +197,17 @@ def judge_completeness(pkl_path: str, complete_lines: int, ours: bool) -> Comple
             f"{pkl_path}: no manifest {os.path.basename(manifest_path(pkl_path))}: the dump was not closed "
             "with stop() or step() (the run may have been killed) and may be cut short",
         )
+    env = checked_environment(doc.get("environment"))
     if not doc["complete"]:
         why = doc.get("reason") or "no reason recorded"
-        return Completeness("incomplete", f"{pkl_path}: the dump is incomplete: {why}")
+        return Completeness("incomplete", f"{pkl_path}: the dump is incomplete: {why}", env)
     if doc["records"] != complete_lines:
         return Completeness(
             "incomplete",
             f"{pkl_path}: the manifest counts {doc['records']} records but the file holds {complete_lines} "
-            "complete lines: the dump was cut short or written to after it was closed",
+            "complete lines: the dump was cut short or written to after it was closed", env,
         )
-    return Completeness("complete")
+    return Completeness("complete", "", env)
 
 
 # ---------------------------------------------------------------------------------------------

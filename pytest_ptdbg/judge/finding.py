@@ -52,8 +52,17 @@ class FaultCategory(TextEnum):
     DIFFERENT_PROGRAMS = "different programs"
 
 
-#: the compute dtypes (as recorded, and bare) of a reduced-precision kernel
-LOW_PRECISION = frozenset({"torch.bfloat16", "torch.float16", "bfloat16", "float16"})
+#: reduced float32 formats of matmuls and convolutions (TF32 on CUDA, HF32 on Ascend)
+REDUCED_FP32 = frozenset({"tf32", "hf32"})
+#: the compute dtypes (as recorded, and bare) of a reduced-precision kernel, and the reduced formats
+LOW_PRECISION = frozenset({"torch.bfloat16", "torch.float16", "bfloat16", "float16"}) | REDUCED_FP32
+
+
+def reduced_fp32_text(fmt: str) -> str:
+    """Why a float32 product matching a TF32/HF32 computation is a fault: the run asked for strict float32."""
+    bits = {"tf32": 10, "hf32": 11}.get(fmt, 0)
+    return (f"computed in {fmt.upper()} (float32 operands rounded to {bits} mantissa bits) although the run "
+            "asked for strict float32")
 
 
 def replay_text(*, nonfinite: bool, own_error: float, worst: str, budget: float, compute_dtype: str,
@@ -62,7 +71,8 @@ def replay_text(*, nonfinite: bool, own_error: float, worst: str, budget: float,
     error against its budget (and the lower precision whose replay it matches)."""
     if nonfinite:
         return f"NaN/Inf in {worst} that a replay of the same inputs does not produce"
-    low = f"; it matches a {matches_dtype} computation" if matches_dtype else ""
+    low = (f"; {reduced_fp32_text(matches_dtype)}" if matches_dtype in REDUCED_FP32
+           else f"; it matches a {matches_dtype} computation" if matches_dtype else "")
     return (f"own error {fmt_error(own_error)} in {worst}, budget "
             f"{fmt_error(budget)} ({compute_dtype}; x{ratio:.3g} of budget{low})")
 

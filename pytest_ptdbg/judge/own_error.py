@@ -45,6 +45,7 @@ from pytest_ptdbg.judge.arrays import ArrayStore
 from pytest_ptdbg.replayer.allowlist import torch_dtype
 from pytest_ptdbg.judge.verdicts import CallVerdict, DumpJudgement, Status
 from pytest_ptdbg.replayer.modes import MathModes, recorded_modes
+from pytest_ptdbg.runtime.reduced_fp32 import FP32_APIS
 from pytest_ptdbg.judge import not_judged as NJ
 
 __all__ = ["Status", "CallVerdict", "DumpJudgement", "judge_dump", "judge_call", "IGNORED_ARGUMENTS"]
@@ -195,6 +196,9 @@ class _Call:
         self.strides: Dict[str, Tuple[int, ...]] = {}
         #: the math modes the device's call ran under (its call spec's ``"modes"``)
         self.modes: MathModes = MathModes()
+        #: the product operands of a matmul/convolution/RNN (``runtime/reduced_fp32.py``), or None
+        hit = FP32_APIS.get((fwd.api_type, fwd.api_name))
+        self.operands: Any = hit[1] if hit is not None else False
         for rec, prefix in ((fwd, ""), (bwd, "backward_")):
             if rec is None:
                 continue
@@ -242,19 +246,22 @@ class _Call:
 
 
 def _run(func: Callable, api: str, spec: dict, call: _Call, dev: Any, oracle: bool, cast: Any,
-         backward: bool) -> Dict[str, Any]:
+         backward: bool, fp32: Optional[str] = None) -> Dict[str, Any]:
     """One replay by the engine (:func:`pytest_ptdbg.replayer.engine.replay_call`): ``{output.i:
     tensor}`` and, with ``backward``, ``{backward_output.j: grad}``; the oracle with ``oracle``,
     else the floating inputs cast to ``cast`` (the compute dtype; None: as recorded) under the
-    device's recorded autocast (a correct kernel in that mode computes so). Both honour a recorded
-    oneDNN switch."""
+    device's recorded autocast, a matmul's or convolution's float32 operands rounded to the reduced
+    format its device allowed (``fp32``, default: the recorded mode; a correct kernel in that mode
+    computes so). Both honour a recorded oneDNN switch."""
     from pytest_ptdbg.replayer.engine import replay_call
 
     modes = call.modes
     autocast = torch_dtype(modes.autocast) if modes.autocast and not oracle else None
+    fmt = modes.fp32 if fp32 is None else fp32
+    reduced = (fmt, call.operands) if fmt and call.operands is not False and not oracle else None
     return replay_call(func, api, spec, call.arrays, call.dtypes, dev, oracle=oracle, cast=cast,
                        autocast=autocast, mkldnn=modes.mkldnn, backward=backward,
-                       requires_grad=call.requires_grad, strides=call.strides).tensors
+                       requires_grad=call.requires_grad, strides=call.strides, reduced=reduced).tensors
 
 
 def _np_native(t: Any) -> np.ndarray:
@@ -633,6 +640,15 @@ def _matching_precision(func: Callable, api: str, spec: dict, call: _Call, dev: 
         return ""
     d, o = call.arrays[key], orc[key]
     to_orc = _distance(d, o)
+    if call.operands is not False and not call.modes.fp32:
+        # a float32 matmul/convolution computed in TF32 or HF32 although strict float32 was asked for
+        for fmt in ("tf32", "hf32"):
+            try:
+                r = _run(func, api, spec, call, dev, False, None, backward, fp32=fmt)
+            except (ReplayError, RuntimeError, ValueError, TypeError):
+                break
+            if key in r and r[key].numel() == d.size and _distance(d, r[key], also=(o,)) < 0.5 * to_orc:
+                return fmt
     for low in (torch.bfloat16, torch.float16):
         rounded = _distance(d, o, low=low if o.is_floating_point() else None, also=(o,))
         if rounded < 0.5 * to_orc:

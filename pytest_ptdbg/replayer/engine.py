@@ -32,6 +32,7 @@ import numpy as np
 
 from pytest_ptdbg.errors import NotReplayable, ReplayError, ReplayRefused
 from pytest_ptdbg.replayer import codec
+from pytest_ptdbg.runtime.reduced_fp32 import Operands, round_mantissa
 from pytest_ptdbg.replayer.allowlist import torch_dtype
 
 __all__ = ["api_path", "resolve_api", "parse_dtype", "check_device", "effective_output", "retarget",
@@ -154,7 +155,8 @@ def replay_call(func: Callable[..., Any], api: str, spec: Mapping[str, Any], arr
                 dtypes: Mapping[str, str], device: Any, *, oracle: bool = False, cast: Any = None,
                 cast_args: bool = False, autocast: Any = None, mkldnn: bool = True, backward: bool = False,
                 requires_grad: Collection[str] = (), strides: Optional[Mapping[str, Tuple[int, ...]]] = None,
-                draws: Optional[Callable[[], ContextManager[Any]]] = None) -> Replayed:
+                draws: Optional[Callable[[], ContextManager[Any]]] = None,
+                reduced: Optional[Tuple[str, Operands]] = None) -> Replayed:
     """Run ``func`` (resolved by :func:`resolve_api`) on the call spec ``spec`` of record ``api``
     (the module docstring's rules).
 
@@ -165,22 +167,25 @@ def replay_call(func: Callable[..., Any], api: str, spec: Mapping[str, Any], arr
     to this dtype (default: autocast off); ``mkldnn``: False runs it with oneDNN switched off (as the
     call was recorded, :mod:`.modes`); ``backward``: differentiate the inputs in
     ``requires_grad``; ``strides``: an input's recorded layout; ``draws``: a context manager factory
-    the call runs in (the recorded random generator state).
+    the call runs in (the recorded random generator state); ``reduced``: ``(format, operands)``, the
+    float32 product operands (and the incoming gradients) rounded to a reduced format first, as a
+    TF32/HF32 kernel computes (``runtime/reduced_fp32.py``).
 
     Raises ReplayRefused/NotReplayable (before any call) for what is not data, ReplayError when the
     call or its backward fails.
     """
+    red = None if oracle else reduced
     if not backward:
         with _onednn(mkldnn):
             return _replay_once(func, api, spec, arrays, dtypes, device, oracle, cast, cast_args, autocast, False,
-                                requires_grad, strides or {}, draws, True)
+                                requires_grad, strides or {}, draws, True, red)
     with _onednn(mkldnn):
         try:
             return _replay_once(func, api, spec, arrays, dtypes, device, oracle, cast, cast_args, autocast, True,
-                                requires_grad, strides or {}, draws, False)
+                                requires_grad, strides or {}, draws, False, red)
         except ReplayError:
             return _replay_once(func, api, spec, arrays, dtypes, device, oracle, cast, cast_args, autocast, True,
-                                requires_grad, strides or {}, draws, True)
+                                requires_grad, strides or {}, draws, True, red)
 
 
 @contextlib.contextmanager
@@ -203,7 +208,8 @@ def _onednn(enabled: bool) -> Any:
 def _replay_once(func: Callable[..., Any], api: str, spec: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
                  dtypes: Mapping[str, str], dev: Any, oracle: bool, cast: Any, cast_args: bool, autocast: Any,
                  backward: bool, requires_grad: Collection[str], strides: Mapping[str, Tuple[int, ...]],
-                 draws: Optional[Callable[[], ContextManager[Any]]], copy_leaves: bool) -> Replayed:
+                 draws: Optional[Callable[[], ContextManager[Any]]], copy_leaves: bool,
+                 reduced: Optional[Tuple[str, Operands]] = None) -> Replayed:
     import torch
 
     leaves: Dict[str, Any] = {}
@@ -231,6 +237,8 @@ def _replay_once(func: Callable[..., Any], api: str, spec: Mapping[str, Any], ar
     except ValueError as exc:
         raise ReplayError(str(exc)) from None
     args, kwargs = retarget(args, kwargs, dev, torch.float64 if oracle else cast if cast_args else None)
+    if reduced is not None:
+        args, kwargs = _round_operands(args, kwargs, *reduced)
     casting = (torch.autocast(dev.type, dtype=autocast) if autocast is not None
                else torch.autocast(dev.type, enabled=False))
     with casting, torch.set_grad_enabled(backward), (draws() if draws is not None else contextlib.nullcontext()):
@@ -253,6 +261,8 @@ def _replay_once(func: Callable[..., Any], api: str, spec: Mapping[str, Any], ar
                 raise ReplayError(f"{api}: gradient {gkey} has shape {list(g.shape)}, "
                                   f"but {okey} has shape {list(o.shape)}")
             g = g.to(device=o.device, dtype=o.dtype)
+            if reduced is not None:
+                g = round_mantissa(g, reduced[0])  # the backward products round it too
             if strides and not o.is_contiguous():
                 # inputs laid out as recorded (channels_last): their gradients flow in that layout too
                 g = torch.empty_like(o).copy_(g)
@@ -270,3 +280,33 @@ def _replay_once(func: Callable[..., Any], api: str, spec: Mapping[str, Any], ar
             result.tensors["backward_output" + k[len("input"):]] = g.detach()
     result.differentiated = True
     return result
+
+
+def _rounded(v: Any, fmt: str) -> Any:
+    """``v`` (a float32 tensor) with its values rounded to ``fmt``; a gradient still reaches ``v``
+    (the difference is added as a constant: exact, since it is within one rounding of ``v``)."""
+    r = round_mantissa(v, fmt)
+    return v + (r - v).detach() if v.requires_grad else r
+
+
+def _round_operands(args: list, kwargs: dict, fmt: str, operands: Operands) -> Tuple[list, dict]:
+    """The call's float32 product operands (by position, or keyword, ``operands``; None: every
+    floating tensor, one level into lists) rounded to ``fmt``."""
+    import torch
+
+    def one(v: Any) -> Any:
+        return _rounded(v, fmt) if isinstance(v, torch.Tensor) and v.dtype == torch.float32 else v
+
+    args, kwargs = list(args), dict(kwargs)
+    if operands is None:
+        def deep(v: Any) -> Any:
+            if isinstance(v, (list, tuple)):
+                return type(v)(one(x) for x in v)
+            return one(v)
+        return [deep(v) for v in args], {k: deep(v) for k, v in kwargs.items()}
+    for pos, name in operands:
+        if pos < len(args):
+            args[pos] = one(args[pos])
+        elif name in kwargs:
+            kwargs[name] = one(kwargs[name])
+    return args, kwargs

@@ -3,8 +3,9 @@
 The capture records (``dump/call_spec.py``: :func:`~pytest_ptdbg.dump.call_spec.math_modes`) the
 modes that change what a *correct* kernel computes: autocast's dtype on the call's device type
 (PyTorch's own LSTM under bf16 autocast computes its gates in bf16 although its outputs are
-float32) and oneDNN switched off (a CPU without bf16 instructions has no oneDNN bf16 LSTM). The
-judgement's reference replays under them. Each value is checked against a fixed table: a crafted
+float32), oneDNN switched off (a CPU without bf16 instructions has no oneDNN bf16 LSTM), and the
+reduced float32 format (TF32, HF32, BF16) a matmul or convolution was allowed. The judgement's
+reference replays under them. Each value is checked against a fixed table: a crafted
 spec is refused, never run. No torch.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pytest_ptdbg.errors import ReplayRefused
+from pytest_ptdbg.runtime.reduced_fp32 import FORMATS
 
 __all__ = ["AUTOCAST_DTYPES", "MathModes", "recorded_modes"]
 
@@ -23,10 +25,13 @@ AUTOCAST_DTYPES = ("torch.bfloat16", "torch.float16")
 @dataclass(frozen=True)
 class MathModes:
     """What the device's call ran under: ``autocast`` (``"torch.bfloat16"``, ``"torch.float16"`` or
-    ``""``: off) and ``mkldnn`` (False: oneDNN was switched off)."""
+    ``""``: off), ``mkldnn`` (False: oneDNN was switched off) and ``fp32`` (``"tf32"``, ``"hf32"``,
+    ``"bf16"``: the reduced format its device's flags allowed a float32 matmul, convolution or RNN
+    to compute in; ``""``: strict float32)."""
 
     autocast: str = ""
     mkldnn: bool = True
+    fp32: str = ""
 
 
 def recorded_modes(spec: Mapping[str, Any], api: str) -> MathModes:
@@ -35,9 +40,9 @@ def recorded_modes(spec: Mapping[str, Any], api: str) -> MathModes:
     raw = spec.get("modes")
     if raw is None:
         return MathModes()
-    if not isinstance(raw, Mapping) or not set(raw) <= {"autocast", "mkldnn"}:
+    if not isinstance(raw, Mapping) or not set(raw) <= {"autocast", "mkldnn", "fp32"}:
         raise ReplayRefused(api, f"'modes' of the call spec is not a known set of modes: {str(raw)[:80]}", "modes")
-    autocast, mkldnn = raw.get("autocast", ""), raw.get("mkldnn", True)
-    if autocast not in ("", *AUTOCAST_DTYPES) or type(mkldnn) is not bool:
+    autocast, mkldnn, fp32 = raw.get("autocast", ""), raw.get("mkldnn", True), raw.get("fp32", "")
+    if autocast not in ("", *AUTOCAST_DTYPES) or type(mkldnn) is not bool or fp32 not in ("", *FORMATS):
         raise ReplayRefused(api, f"'modes' of the call spec names an unknown mode: {str(raw)[:80]}", "modes")
-    return MathModes(autocast, mkldnn)
+    return MathModes(autocast, mkldnn, fp32)
