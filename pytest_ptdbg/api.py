@@ -197,6 +197,8 @@ class _Run:
     notes: List[str]
     summary: bool
     say: Callable[[str], None]
+    #: the device's and the bench's recorded arithmetic environments (``format/environment.py``)
+    environments: Tuple[Optional[Dict[str, Any]], Optional[Dict[str, Any]]] = (None, None)
 
 
 def _sayer(log: bool) -> Callable[[str], None]:
@@ -246,7 +248,7 @@ def _compare_run(npu: reader.Dump, bench: reader.Dump, options: CompareOptions) 
         elif pairing.reordered_text:
             notes.append(pairing.reordered_text)   # said as what it is: fails nothing
     judged = _judge(npu, bench, table, problems, notes, options, say)
-    return _Run(table, judged, problems, notes, summary, say)
+    return _Run(table, judged, problems, notes, summary, say, (npu.environment, bench.environment))
 
 
 def _has_call_specs(dump: reader.Dump) -> bool:
@@ -312,7 +314,8 @@ def _finish(run: _Run, output_path: str, options: CompareOptions) -> CompareResu
         advisor_path = None
         if options.auto_analyze:
             advisor_path = files.write("advisor", advice.text() + _problems_text(problems, notes))
-        html_path = files.write("html", render_html(table, advice, title=f"ptdbg compare {tag}".strip()))
+        html_path = files.write("html", render_html(table, advice, title=f"ptdbg compare {tag}".strip(),
+                                                    environments=run.environments))
     n_no = CompareTable.of(table).count(S.ACCURACY, S.NO)
     say(f"{n_no} of {len(table)} rows fail ptdbg's rule; "
         f"{'PASSED' if passed else 'FAILED'} ({'default judgement' if gate is Rule.JUDGE else gate + ' rule'}); "

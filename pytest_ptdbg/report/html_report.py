@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from html import escape
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -15,6 +15,7 @@ import pandas as pd
 from pytest_ptdbg.advise import advice_text as at
 from pytest_ptdbg.advise.advisor import MIN_GROWTH, PASS_FRACTION_NOTE, Advice, Suspect
 from pytest_ptdbg.comparison import schema
+from pytest_ptdbg.format.environment import compute_device, fp32_words
 from pytest_ptdbg.runtime.text import fmt_error, fmt_number
 from pytest_ptdbg.report.outputs import write_new
 from pytest_ptdbg.report.svg_plot import Mark, PlotData, Series, error_plot
@@ -60,6 +61,7 @@ details summary{cursor:pointer;color:#1d4ed8;margin-top:6px}
 table.rows{border-collapse:collapse;width:100%;font-size:12.5px}
 table.rows th,table.rows td{border-bottom:1px solid var(--line);padding:4px 6px;text-align:left;vertical-align:top}
 table.rows th{background:var(--card);position:sticky;top:0}
+table.rows tr.differs td{background:#fff4e5}
 table.rows td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums;
   font-family:ui-monospace,monospace}
 table.rows td.name{font-family:ui-monospace,monospace;word-break:break-all}
@@ -230,9 +232,53 @@ def _failing_rows(table: pd.DataFrame) -> str:
     return f'<table class="rows"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>{more}'
 
 
+def _environment_rows(device: Optional[Dict[str, Any]], bench: Optional[Dict[str, Any]]) -> List[tuple]:
+    """``(what, device's, bench's)`` of the two runs' arithmetic environments, a few rows."""
+    def row(env: Optional[Dict[str, Any]], get: Any) -> str:
+        if not env:
+            return "not recorded"
+        try:
+            v = get(env)
+        except (AttributeError, KeyError, TypeError):
+            v = None
+        return "not recorded" if v is None else str(v)
+
+    def acc(env: Dict[str, Any]) -> Any:
+        a = env.get("accelerator")
+        return f"{a.get('name') or a.get('type')} ({a.get('type')})" if isinstance(a, dict) else "none"
+
+    def flag(name: str) -> Any:
+        return lambda env: (env.get("flags") or {}).get(name)
+
+    items = [("computed on", compute_device), ("accelerator", acc), ("float32 matmul/conv/RNN", fp32_words),
+             ("torch", lambda env: env["versions"]["torch"]), ("CUDA", lambda env: env["versions"].get("cuda") or "none"),
+             ("torch_npu / CANN", lambda env: (f"{env['versions']['torch_npu']} / {env['versions'].get('cann')}"
+                                               if env["versions"].get("torch_npu") else "none")),
+             ("deterministic algorithms", flag("deterministic_algorithms")),
+             ("cuDNN benchmark", flag("cudnn.benchmark")),
+             ("autocast at start", lambda env: ", ".join(f"{k}: {v}" for k, v in env["autocast"].items()) or "off")]
+    return [(what, row(device, get), row(bench, get)) for what, get in items]
+
+
+def _environment_html(environments: Optional[Tuple[Any, Any]]) -> str:
+    if not environments or not any(environments):
+        return ""
+    marked = ' class="differs"'
+    rows = "".join(
+        f'<tr{marked if d != b else ""}><td>{escape(w)}</td><td class="mono">{escape(d)}</td>'
+        f'<td class="mono">{escape(b)}</td></tr>' for w, d, b in _environment_rows(*environments))
+    return ("<h2>Arithmetic environments</h2><p class=\"muted small\">What each run's manifest recorded; "
+            "the judgement budgets each call in the float32 mode its device allowed. Rows that differ "
+            "are marked.</p>"
+            '<table class="rows"><thead><tr><th></th><th>device</th><th>bench</th></tr></thead>'
+            f"<tbody>{rows}</tbody></table>")
+
+
 def render_html(table: pd.DataFrame, advice: Advice, title: str = "pytest-ptdbg compare report",
-                sources: Optional[Dict[str, str]] = None) -> str:
-    """The report's HTML text."""
+                sources: Optional[Dict[str, str]] = None,
+                environments: Optional[Tuple[Any, Any]] = None) -> str:
+    """The report's HTML text (``environments``: the device's and the bench's recorded arithmetic
+    environments, shown side by side)."""
     decision = advice.decision   # the verdict and first suspect every output says
     first = decision.first
     if first is None and advice.n_compared == 0:
@@ -314,6 +360,7 @@ dashed lines mark the suspects, triangles on the top edge are NaN/Inf that the b
 Hover a point for its name.</p>
 {plots}
 {inh_html}
+{_environment_html(environments)}
 <h2>Failing rows</h2>{_failing_rows(table)}
 <footer><p>{escape(PASS_FRACTION_NOTE)}</p>
 <p>An API's error is the largest of 1 &minus; cosine and the relative L2 error over its tensors; its

@@ -234,6 +234,11 @@ def test_a_tf32_convolution_passes_where_the_run_allowed_tf32(tf32_dumps):
     assert len(judged) >= 4 and all(v.ratio <= 1 for v in judged)   # forward and backward, in TF32
     note = " ".join(r.notes)
     assert "float32: device TF32 convolutions allowed; bench strict float32" in note
+    with open(r.html_path) as f:  # the report shows both environments side by side, the difference marked
+        html = f.read()
+    section = html[html.index("Arithmetic environments"):]
+    assert ('<tr class="differs"><td>float32 matmul/conv/RNN</td><td class="mono">TF32 convolutions allowed'
+            '</td><td class="mono">strict float32</td></tr>') in section
 
 
 def test_a_tf32_convolution_in_a_strict_float32_run_is_the_root_cause_named_as_tf32(tf32_dumps):
