@@ -100,3 +100,12 @@ def test_a_state_constructor_outside_the_optimizer_is_still_reported(tmp_path, c
     r = compare_pair(device, bench)
     assert not r.judgement.passed
     assert _root_causes(r) == [("Torch_zeros_0_forward", "call on one side only")], r.judgement.text()
+
+
+def test_statistics_only_the_fused_update_passes_named_as_not_judged(tmp_path, compare_pair):
+    """Without a replay the one-sided fused call cannot be judged: no false alarm, and a note names it."""
+    device = _dump(tmp_path / "device", "mlp", "adamw", "fused")
+    bench = _dump(tmp_path / "bench", "mlp", "adamw", "loop")
+    r = compare_pair(device, bench, summary_compare=True, replay_check=False)
+    assert r.judgement.passed, r.judgement.text()
+    assert any("Torch__fused_adamw__0_forward" in n for n in r.judgement.notes), r.judgement.notes
