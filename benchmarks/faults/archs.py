@@ -208,11 +208,12 @@ def fresh(name: str) -> Tuple[nn.Module, Any]:
 
 
 def train_step(model: nn.Module, batch: Any, loss_fn: Callable[[nn.Module, Any], torch.Tensor],
-               autocast: Optional[torch.dtype] = None) -> torch.Tensor:
-    """Forward and loss (under CPU autocast to ``autocast`` when given), backward, one AdamW step."""
+               autocast: Optional[torch.dtype] = None, optimizer: str = "") -> torch.Tensor:
+    """Forward and loss (under CPU autocast to ``autocast`` when given), backward, one AdamW step
+    (``optimizer``: ``""`` one call per parameter and operation, ``"fused"`` or ``"foreach"``)."""
     model.train()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3,
-                            foreach=False)
+    kw = {"fused": True} if optimizer == "fused" else {"foreach": optimizer == "foreach"}
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, **kw)
     opt.zero_grad(set_to_none=True)
     if autocast is not None:
         with torch.autocast("cpu", dtype=autocast):

@@ -33,12 +33,14 @@ __all__ = ["Device", "DEVICES", "dump_step", "pkl_path", "data_dir", "read_recor
 class Device:
     """A device setting: CPU autocast dtype (None: float32), relative weight noise, and the
     spelling of the device's calls (``""``: the bench's; else a key of ``spellings.SPELLINGS``:
-    the same computation, spelled otherwise)."""
+    the same computation, spelled otherwise), and the AdamW's (``""``: one call per parameter
+    and operation, as the bench; ``"fused"``, ``"foreach"``: multi-tensor kernels)."""
 
     name: str
     autocast: Optional[torch.dtype] = None
     noise: float = 0.0
     spelling: str = ""
+    optimizer: str = ""
 
 
 _BASE = [
@@ -50,6 +52,9 @@ _BASE = [
 #: every base setting also respelled: ``"fp32+kw"`` is fp32 with keyword arguments
 DEVICES = {d.name: d for d in _BASE + [Device(f"{b.name}+{sp}", b.autocast, b.noise, sp)
                                         for b in _BASE for sp in spellings.SPELLINGS]}
+#: ... and with a fused or foreach AdamW: ``"fp32@fused"``, ``"bf16@foreach"``
+DEVICES.update({f"{b.name}@{o}": Device(f"{b.name}@{o}", b.autocast, b.noise, "", o)
+                for b in _BASE for o in ("fused", "foreach")})
 
 
 def pkl_path(dump: str) -> str:
@@ -94,9 +99,9 @@ def dump_step(arch: str, out: str, device: Device, plant: Any = None, summary_on
             with (spellings.Respell(device.spelling) if device.spelling else contextlib.nullcontext()):
                 if user is not None:
                     with user:
-                        archs.train_step(model, batch, loss_fn, device.autocast)
+                        archs.train_step(model, batch, loss_fn, device.autocast, device.optimizer)
                 else:
-                    archs.train_step(model, batch, loss_fn, device.autocast)
+                    archs.train_step(model, batch, loss_fn, device.autocast, device.optimizer)
         finally:
             dbg.stop()
             dbg.step()

@@ -264,9 +264,16 @@ CLEAN_PAIRS: List[CleanPair] = [
     CleanPair("spell-ns-bert-same", "bert", "same+ns", "other namespaces, identical run"),
     CleanPair("spell-kw-llama-same", "llama", "same+kw", "keyword arguments, identical run"),
     CleanPair("spell-ns-llama-bf16", "llama", "bf16+ns", "other namespaces, bf16 autocast"),
+    # issue 22: the device's AdamW fused or foreach, the bench's one call per parameter
+    CleanPair("opt-fused-mlp-fp32", "mlp", "fp32@fused", "AdamW(fused=True), 1e-6 weight noise"),
+    CleanPair("opt-foreach-mlp-fp32", "mlp", "fp32@foreach", "AdamW(foreach=True), 1e-6 weight noise"),
+    CleanPair("opt-fused-gpt-bf16", "tiny_gpt", "bf16@fused", "AdamW(fused=True), bf16 autocast"),
+    CleanPair("opt-foreach-gpt-same", "tiny_gpt", "same@foreach", "AdamW(foreach=True), identical run"),
+    CleanPair("opt-fused-cnn-same", "cnn", "same@fused", "AdamW(fused=True), identical run"),
 ]
 
 #: the --fast subset (example models only)
 FAST_FAULTS = ["mlp-linear1-fwd-1e-3", "mlp-linear0-bwd-1e-2", "gpt-softmax-fp16-nomax", "mlp-gelu-tanh",
                "cnn-conv0-bwd-nan"]
-FAST_CLEAN = ["mlp-fp32-noise", "gpt-bf16", "gpt-same-dropout", "empty-same"]
+FAST_CLEAN = ["mlp-fp32-noise", "gpt-bf16", "gpt-same-dropout", "empty-same", "opt-fused-mlp-fp32",
+              "opt-foreach-gpt-same"]

@@ -15,6 +15,22 @@ the gradient it produced against the gradient it received (backward).
   or (:func:`new_half_precision`) a lossless cast to a 16-bit float dtype that no earlier call of
   that side produced: what follows computes in a precision the run did not use before.
 - ``""``: cannot be classified (no data, several outputs, a size change): the row stays unusable.
+
+Inside ``Optimizer.step`` (the record's ``ctx`` is ``"optimizer"``; capture knows), two narrow rules
+come first (:func:`optimizer_kind`); a call outside the optimizer never gets them:
+
+- ``bookkeeping``: a constructor (:data:`STATE_CONSTRUCTORS`: ``zeros``, ``zeros_like``, ``tensor``...)
+  whose output is the constant 0 or 1 everywhere, or an allocation (``empty_like``: the fused SGD's
+  momentum buffers, overwritten by its first step): the optimizer's first step making its state
+  (moments, step counters: ``torch.zeros(())`` on one side, ``torch.tensor(0.)`` on the other) or a
+  step increment (``torch.tensor(1.)`` of the foreach AdamW); nothing is computed from data;
+- :data:`OPTIMIZER_UPDATE`: the two sides spell the update differently (their optimizer steps call
+  different multi-tensor kernels, :data:`MULTI_TENSOR`: ``_fused_adamw_``, ``_foreach_mul_``...,
+  against one call per parameter and operation): its calls on one side only are the same update
+  made another way. They are no cause by themselves: the device's are judged by their own replay
+  against a float64 oracle (``judge/step.py`` fails a device call of that kind the replay did not
+  judge), the bench's are the reference. When both sides spell it the same way, a call on one side
+  only is classified as any other.
 """
 from __future__ import annotations
 
@@ -28,11 +44,26 @@ from pytest_ptdbg.runtime.dtypes import FLOATS, STEP_FLOATS, short_name
 if TYPE_CHECKING:
     from pytest_ptdbg.dump.reader import ApiRec, TensorRec
 
-__all__ = ["BOOKKEEPING", "VALUE_CHANGING", "REORDERING", "classify", "stats_relation",
-           "new_half_precision", "output_dtypes"]
+__all__ = ["BOOKKEEPING", "VALUE_CHANGING", "OPTIMIZER_UPDATE", "REORDERING", "STATE_CONSTRUCTORS",
+           "MULTI_TENSOR", "classify", "stats_relation", "new_half_precision", "output_dtypes",
+           "optimizer_kind", "update_spelling"]
 
 BOOKKEEPING = "bookkeeping"
 VALUE_CHANGING = "value-changing"
+#: a call inside Optimizer.step on one side only when the sides spell the update differently
+OPTIMIZER_UPDATE = "optimizer update"
+#: the constructors an optimizer makes its state with (``torch.*``; Python numbers or a tensor's
+#: shape in, a constant out)
+STATE_CONSTRUCTORS = frozenset({"zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "tensor",
+                                "as_tensor", "scalar_tensor", "empty", "empty_like"})
+#: ... of them, those that leave the memory uninitialised (the fused SGD's momentum buffers, which
+#: its first step overwrites)
+_ALLOCATORS = frozenset({"empty", "empty_like"})
+#: name prefixes of the multi-tensor kernels an optimizer's update may be made of
+MULTI_TENSOR = ("_fused_", "_foreach_")
+#: the constants an optimizer's state starts at (moments, step counters) or is stepped by
+_STATE_CONSTANTS = (0.0, 1.0)
+
 #: calls that can move elements while keeping their multiset (statistics cannot tell)
 REORDERING = frozenset({"permute", "transpose", "transpose_", "t", "t_", "flip", "fliplr", "flipud", "roll",
                         "rot90", "movedim", "moveaxis", "swapaxes", "swapdims", "sort", "T", "mT", "H",
@@ -176,3 +207,47 @@ def new_half_precision(api: ApiRec, earlier: AbstractSet[str]) -> str:
         return ""
     new = sorted(d for d in output_dtypes(api) if d in _HALF and d not in earlier)
     return new[0] if new else ""
+
+
+def update_spelling(apis: "Sequence[ApiRec]") -> "frozenset[str]":
+    """The multi-tensor kernels (:data:`MULTI_TENSOR`) a side's optimizer steps call: how it spells
+    its update (empty: one call per parameter and operation)."""
+    return frozenset(a.api_name for a in apis if a.ctx == "optimizer" and a.api_name.startswith(MULTI_TENSOR))
+
+
+def optimizer_kind(api: ApiRec, spelled_differently: bool) -> Tuple[str, str]:
+    """``(kind, message)`` of a call on one side only by the optimizer rules of the module
+    docstring; ``("", "")`` when they do not apply (the call is classified as any other).
+
+    ``spelled_differently``: the two sides' optimizer steps call different multi-tensor kernels
+    (:func:`update_spelling`)."""
+    if api.ctx != "optimizer" or api.direction != "forward":
+        return "", ""
+    if api.api_type == "Torch" and api.api_name in STATE_CONSTRUCTORS:
+        outs = [t for t in api.tensors if t.io == "output"]
+        const = _constant(outs)
+        if api.api_name in _ALLOCATORS:
+            return BOOKKEEPING, (f"bookkeeping: optimizer state allocated inside Optimizer.step ({api.api_name}: "
+                                 "uninitialised memory, nothing computed from data; a later call that reads "
+                                 "it is judged by its own replay)")
+        if const is not None:
+            return BOOKKEEPING, (f"bookkeeping: optimizer state made inside Optimizer.step ({api.api_name} "
+                                 f"gives the constant {const:g}: a state initialised or a step increment; "
+                                 "nothing computed from data)")
+        return "", ""
+    if spelled_differently:
+        return OPTIMIZER_UPDATE, ("optimizer update: the sides spell the optimizer's update differently "
+                                  "(fused/foreach kernels against per-parameter calls); this call is part "
+                                  "of it, judged by its own replay on the device side")
+    return "", ""
+
+
+def _constant(outs: "Sequence[TensorRec]") -> Optional[float]:
+    """The one value of :data:`_STATE_CONSTANTS` every element of the single output holds, by its
+    statistics (max == min, no NaN/Inf); None otherwise."""
+    if len(outs) != 1 or outs[0].nonfinite:
+        return None
+    hi, lo = M.stat_at(outs[0].stats, 0), M.stat_at(outs[0].stats, 1)
+    if hi is None or lo is None or hi != lo or hi not in _STATE_CONSTANTS:
+        return None
+    return hi

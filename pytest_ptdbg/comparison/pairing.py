@@ -359,7 +359,8 @@ class Pairing:
 
     ``reordered``: ``(device forward key, bench forward key)`` of the calls the dataflow repair
     paired differently from the sequence alignment (independent calls run in another order).
-    ``paired``/``calls``: paired forward calls, and the larger side's forward calls;
+    ``paired``/``calls``: paired forward calls, and the larger side's forward calls (both outside
+    ``Optimizer.step``: a fused or foreach update and a per-parameter one are the same program);
     ``edges``/``agreeing``: dataflow edges both dumps show (a paired call's input whose producers
     are paired on both sides) and those that agree (0/0: no dataflow recorded).
     """
@@ -408,6 +409,11 @@ class FlowRecord(Protocol):
 
 def _forward(a: FlowRecord) -> bool:
     return a.direction == "forward"
+
+
+def _counted(a: FlowRecord) -> bool:
+    """A forward call outside ``Optimizer.step``: what the different-programs share counts."""
+    return a.direction == "forward" and getattr(a, "ctx", "") != "optimizer"
 
 
 class _Flow:
@@ -570,9 +576,11 @@ def repair_by_dataflow(npu: Sequence[FlowRecord], bench: Sequence[FlowRecord], s
     Only paired calls change partners, by swaps between compatible calls: a call on one side only
     stays where the alignment put it. Backward records follow their forward call's new partner.
     Dumps without sources (ptdbg's, msprobe's) keep the alignment's steps."""
-    fwd_n = sum(1 for a in npu if a.direction == "forward")
-    fwd_b = sum(1 for a in bench if a.direction == "forward")
-    paired = sum(1 for i, j in steps if i is not None and j is not None and npu[i].direction == "forward")
+    # the share that pairs is the model's: the optimizer's update is one program however it is
+    # spelled (a fused or foreach kernel over lists against one call per parameter and operation)
+    fwd_n = sum(1 for a in npu if _counted(a))
+    fwd_b = sum(1 for a in bench if _counted(a))
+    paired = sum(1 for i, j in steps if i is not None and j is not None and _counted(npu[i]))
     has_flow = any(a.sources for a in npu) and any(a.sources for a in bench)
     if not has_flow:
         return steps, Pairing(paired, max(fwd_n, fwd_b))

@@ -205,6 +205,7 @@ def _code_paths(steps: _Steps, summary: bool) -> Dict[Tuple[str, str], Tuple[str
     one.sort(key=lambda sa: sa[1].direction == "backward")   # forwards first: backwards read them
     load = None if summary else _loader
     kinds: dict = {}
+    spelled_differently = bool(one) and _spellings_differ(steps)
     paired_forwards: Optional[dict] = None
     earlier: Optional[dict] = None
     for side, api in one:
@@ -225,7 +226,9 @@ def _code_paths(steps: _Steps, summary: bool) -> Dict[Tuple[str, str], Tuple[str
             f_api = paired_forwards.get((side, fkey))
             if f_api is not None:
                 fwd = CP.classify(f_api, summary, "", load)[0]
-        kind, why = CP.classify(api, summary, fwd, load)
+        kind, why = CP.optimizer_kind(api, spelled_differently)
+        if not kind:
+            kind, why = CP.classify(api, summary, fwd, load)
         if kind == CP.BOOKKEEPING and api.direction == "forward":
             if earlier is None:
                 earlier = _earlier_dtypes(steps, {id(a) for _, a in one})
@@ -518,10 +521,16 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
     return df
 
 
+def _spellings_differ(steps: _Steps) -> bool:
+    """Whether the two sides' optimizer steps call different multi-tensor kernels (``code_path.py``)."""
+    return CP.update_spelling([na for na, _ in steps if na is not None]) != \
+        CP.update_spelling([ba for _, ba in steps if ba is not None])
+
+
 def _code_path_row(r: dict, message: str, kind: str, why: str) -> None:
     """A row of a call recorded on one side only, by its classification (``comparison/code_path.py``):
     bookkeeping passes, value-changing fails (a root cause, not unusable data), unclassified is unusable."""
-    if kind == CP.BOOKKEEPING:
+    if kind in (CP.BOOKKEEPING, CP.OPTIMIZER_UPDATE):
         r["_code_path"] = kind
         r["Err_message"] = f"{message}; {why}"
     elif kind == CP.VALUE_CHANGING:

@@ -16,7 +16,10 @@ A step fails (:func:`judge_step`) iff
   - ``CHANGED_ARGUMENT``: a non-tensor argument differs (the table's ``_arg_changed`` rows, whose
     ``Err_message`` names both values), or a dtype argument lowers the call's precision (the
     replay's ``lowered_precision``);
-  - ``ONE_SIDED``: a value-changing call on one side only (``_code_path == "value-changing"``);
+  - ``ONE_SIDED``: a value-changing call on one side only (``_code_path == "value-changing"``;
+    an ``"optimizer update"`` call, the update spelled another way inside ``Optimizer.step``, is
+    none: the bench's is the reference, the device's must be judged by the replay, else its row
+    is unusable; statistics only, a note names it as not judged);
     a call on one side only that the compare stage did not classify as bookkeeping is
     ``UNPAIRED`` (its rows are unusable);
   - ``STATISTICS``: with no full tensors to replay, an API whose statistics differ from the bench
@@ -43,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from pytest_ptdbg.comparison import schema as S
-from pytest_ptdbg.comparison.code_path import BOOKKEEPING, VALUE_CHANGING
+from pytest_ptdbg.comparison.code_path import BOOKKEEPING, OPTIMIZER_UPDATE, VALUE_CHANGING
 from pytest_ptdbg.comparison.pairing import Pairing
 from pytest_ptdbg.comparison.schema import CompareTable
 from pytest_ptdbg.comparison.stat_error import range_scaled
@@ -154,6 +157,9 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
             causes[rc.api] = rc
 
     bad_rows: List[str] = []
+    judged_by_replay = {v.api for v in replay.verdicts if v.status != Status.NOT_JUDGED} if replay else set()
+    seen_update: set = set()
+    unjudged_update: Dict[str, None] = {}   # statistics only: the device's update calls, in order
     for i in range(n):
         if arg_changed[i]:
             add(Finding(apis[i], direction[i], Cause.CHANGED_ARGUMENT, Evidence.TABLE, int(order[i]),
@@ -166,6 +172,17 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
         cp = code_path[i].strip().lower()
         side = _side(apis[i], "", npu_name[i])
         if cp == BOOKKEEPING:
+            continue
+        if cp == OPTIMIZER_UPDATE:
+            # the optimizer's update spelled another way on this side (fused/foreach kernels
+            # against per-parameter calls): the bench's calls are the reference; the device's
+            # pass only where the replay judged them (their own error, against a float64 oracle)
+            if side == "NPU" and replay is None:
+                unjudged_update.setdefault(apis[i], None)
+            elif side == "NPU" and apis[i] not in judged_by_replay and apis[i] not in seen_update:
+                seen_update.add(apis[i])
+                bad_rows.append(f"CSV line {i + 2}: {apis[i]}: the optimizer's update on the device side "
+                                "only, not judged by replay (its own replay is what checks it: no bench partner)")
             continue
         if cp == VALUE_CHANGING:
             # the compare stage writes code_path.classify's reason after the pairing's message
@@ -230,6 +247,11 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
     j = StepJudgement(passes(root_causes=ranked, unusable=unusable_all), ranked, unusable_all, replay, by_stats)
     if by_stats and ranked:
         j.rescan = rescan_hint([r.api for r in ranked if r.side == "NPU"][:5])
+    if unjudged_update:
+        names = list(unjudged_update)
+        j.notes.append(f"the device's optimizer update is spelled otherwise than the bench's (fused/foreach "
+                       f"kernels) and has no bench partner; statistics cannot judge it, only a replay of its "
+                       f"full tensors can: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
     return j
 
 

@@ -224,6 +224,10 @@ def static_bound(family: str, spec: Mapping[str, Any], shapes: Mapping[str, Tupl
         name = "split"
     if name in _BOUNDED:
         return 2 * sum(_numel(shapes[r]) for r in refs)
+    if name.startswith("_fused_"):
+        # the fused optimizer kernels (_fused_adamw_, _fused_sgd_...) update their lists in place
+        # and return nothing: nothing beyond their inputs (some have no meta kernel to ask)
+        return sum(_numel(shapes[r]) for r in refs) if refs else None
     if name.startswith("_foreach_"):
         return _foreach_bound(list(spec.get("args") or []) + list((spec.get("kwargs") or {}).values()), shapes)
     if name == "linear" and len(refs) >= 2:

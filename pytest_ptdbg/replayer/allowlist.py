@@ -220,6 +220,12 @@ _TORCH: Dict[str, Resolver] = {
     "_foreach_norm": lambda: torch._foreach_norm,
     "_foreach_copy_": lambda: torch._foreach_copy_,
     "_foreach_zero_": lambda: torch._foreach_zero_,
+    # fused optimizer kernels (AdamW/Adam/SGD with fused=True): in place on their lists (params,
+    # grads, moments, step counters: data, copied for each replay); the updated params are their
+    # outputs. grad_scale/found_inf are tensors or None: data too
+    "_fused_adamw_": lambda: torch._fused_adamw_,
+    "_fused_adam_": lambda: torch._fused_adam_,
+    "_fused_sgd_": lambda: torch._fused_sgd_,
 }
 
 #: Functional_<name>: ``torch.nn.functional``

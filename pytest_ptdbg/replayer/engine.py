@@ -96,11 +96,16 @@ def check_device(device: str) -> Any:
 
 def effective_output(output: Any, args: Any) -> Any:
     """What an API gave back; for an in-place API that returns nothing (``__setitem__``) the
-    tensor it modified, its first argument."""
+    tensor it modified, its first argument (``_foreach_add_``, ``_fused_adamw_``: the list of
+    tensors it modified, its first argument, as capture records it)."""
     import torch
 
-    if not codec.flatten_output(output) and args and isinstance(args[0], torch.Tensor):
-        return args[0]
+    if not codec.flatten_output(output) and args:
+        first = args[0]
+        if isinstance(first, torch.Tensor):
+            return first
+        if isinstance(first, (list, tuple)) and first and all(isinstance(t, torch.Tensor) for t in first):
+            return list(first)
     return output
 
 
