@@ -31,8 +31,10 @@ after ``--budget-s`` seconds is reported as ERROR "time budget spent" and the ot
    device against a for-loop ``AdamW(foreach=False)`` on the CPU bench: the verdict, how many calls
    paired and the root causes;
 4. ``planted_fault``: the example suite's planted fault (tiny GPT, softmax of attention layer 1 in
-   float16 without max subtraction) on the device against the clean step on the device, dtype rule:
-   it must fail, with its first suspect in that softmax;
+   float16 without max subtraction) on the device against the clean step on the device, dtype rule
+   (as the suite's test does); ``planted_fault_vs_bench``: the faulty step on the device against the
+   clean step on the CPU bench, default judgement. Each must fail, its first suspect a call of that
+   softmax;
 5. ``dump_cost``: tiny GPT's training step on the device (persistent AdamW), plain vs statistics
    dump vs full-tensor dump, interleaved rep by rep, the device synchronized around every timed
    step; medians and the ratios to plain from the same run (gate ``info``).
@@ -437,27 +439,19 @@ def optimizer_check(variant: str) -> Check:
     return check
 
 
-def fault_check(ctx: Context) -> Tuple[str, str, Dict[str, Any]]:
-    """The example suite's planted fault on the device against the clean step on the device."""
+def _planted(model: Any, batch: Any) -> Any:
+    """The device under test's "kernel": softmax in float16 without max subtraction, layer 1
+    (as ``example_models/test_precision.py``'s ``_plant_fault``)."""
     import example_models as em
-    from pytest_ptdbg.comparison.rule import Rule
+
+    em.set_faulty_softmax(model, layer=1)
+    return em.train_step(model, batch)
+
+
+def _fault_verdict(result: Any) -> Tuple[str, str, Dict[str, Any]]:
+    """PASS when the compare failed and its first suspect is a call of layer 1's softmax."""
     from pytest_ptdbg.format.records import parse_name
-    from pytest_ptdbg.plugin.run import preserved_rng, run_side, to_device
 
-    def planted(model: Any, batch: Any) -> Any:
-        em.set_faulty_softmax(model, layer=1)
-        return em.train_step(model, batch)
-
-    model, batch = em.tiny_gpt()
-    settings = _settings(rule=Rule.DTYPE, ignore_optimizer=True)
-    out = os.path.join(ctx.work, "planted_fault")
-    with preserved_rng([ctx.device]):
-        npu = run_side(planted, to_device((model, batch), ctx.device), device=ctx.device, dtype="float32",
-                       dump_path=os.path.join(out, "npu"), settings=settings, summary_only=False)
-        bench = run_side(em.train_step, to_device((model, batch), ctx.device), device=ctx.device,
-                         dtype="float32", dump_path=os.path.join(out, "bench"), settings=settings,
-                         summary_only=False)
-    result = _result(ctx, "planted_fault", npu, bench, out, settings, f"clean step on {ctx.device}")
     reason, details = describe(result)
     if result.verdict():
         return FAIL, "the planted fault was not caught: " + reason, details
@@ -465,12 +459,42 @@ def fault_check(ctx: Context) -> Tuple[str, str, Dict[str, Any]]:
     if first is None:
         return FAIL, "caught, but no suspect named; " + reason, details
     name = parse_name(first.api)
+    # layer 0's softmax makes to #0, exp #0, sum #0, div #0, to #1; layer 1's to #2 (the cast to
+    # float16), exp #1, sum #1, div #1, to #3
     layer1 = {"to": (2, 3), "exp": (1,), "sum": (1,), "div": (1,), "__truediv__": (1,)}
     in_softmax = " in softmax: " in (first.location or "")
-    named = f"first suspect {first.api} at {os.path.basename((first.location or '').split(':')[0])}"
+    named = f"first suspect {first.api} ({first.kind}) at {os.path.basename((first.location or '').split(':')[0])}"
     if name.call_index in layer1.get(name.api_name, ()) and in_softmax:
-        return PASS, f"caught; {named} (layer 1's softmax)", details
-    return FAIL, f"caught, but the {named} is not layer 1's softmax", details
+        return PASS, f"caught; {named}, layer 1's softmax", details
+    return FAIL, f"caught, but the {named} is not layer 1's softmax; {reason}", details
+
+
+def fault_check(ctx: Context) -> Tuple[str, str, Dict[str, Any]]:
+    """The example suite's planted fault on the device against the clean step on the device
+    (``ptdbg_dump.compare_runs``, dtype rule, the optimizer left out)."""
+    import example_models as em
+    from pytest_ptdbg.comparison.rule import Rule
+    from pytest_ptdbg.plugin.run import preserved_rng, run_side, to_device
+
+    model, batch = em.tiny_gpt()
+    settings = _settings(rule=Rule.DTYPE, ignore_optimizer=True)
+    out = os.path.join(ctx.work, "planted_fault")
+    with preserved_rng([ctx.device]):
+        npu = run_side(_planted, to_device((model, batch), ctx.device), device=ctx.device, dtype="float32",
+                       dump_path=os.path.join(out, "npu"), settings=settings, summary_only=False)
+        bench = run_side(em.train_step, to_device((model, batch), ctx.device), device=ctx.device,
+                         dtype="float32", dump_path=os.path.join(out, "bench"), settings=settings,
+                         summary_only=False)
+    return _fault_verdict(_result(ctx, "planted_fault", npu, bench, out, settings,
+                                  f"clean step on {ctx.device}"))
+
+
+def fault_vs_bench_check(ctx: Context) -> Tuple[str, str, Dict[str, Any]]:
+    """The planted fault on the device against the clean step on the CPU bench, default judgement."""
+    import example_models as em
+
+    model, batch = em.tiny_gpt()
+    return _fault_verdict(run_pair(ctx, "planted_fault_vs_bench", model, batch, _planted, em.train_step))
 
 
 def cost_check(ctx: Context) -> Tuple[str, str, Dict[str, Any]]:
@@ -557,8 +581,10 @@ def plan(fast: bool) -> List[Tuple[Row, Check]]:
     if not fast:
         rows.append((Row("adamw_fused", "AdamW(fused=True) on device vs for-loop AdamW on CPU"),
                      optimizer_check("fused")))
-    rows.append((Row("planted_fault", "tiny GPT, fp16 softmax fault in layer 1: caught, suspect named"),
-                 fault_check))
+    rows.append((Row("planted_fault", "tiny GPT, fp16 softmax fault in layer 1 vs clean on device, dtype "
+                     "rule: caught, suspect named"), fault_check))
+    rows.append((Row("planted_fault_vs_bench", "the same fault on device vs clean CPU bench, default "
+                     "judgement: caught, suspect named"), fault_vs_bench_check))
     rows.append((Row("dump_cost", "tiny GPT step: plain vs statistics vs full dump", INFO), cost_check))
     return rows
 

@@ -182,7 +182,8 @@ def test_the_full_plan_covers_every_model_and_mode():
     for m in dc.MODELS:
         for mode in ("default", "tf32_off", "tf32_on", "bf16"):
             assert f"suite:{m}:{mode}" in names
-    assert names[-5:] == ["dropout", "adamw_foreach", "adamw_fused", "planted_fault", "dump_cost"]
+    assert names[-6:] == ["dropout", "adamw_foreach", "adamw_fused", "planted_fault", "planted_fault_vs_bench",
+                          "dump_cost"]
     fast = [row.name for row, _ in dc.plan(fast=True)]
     assert [n for n in fast if n.startswith("suite:")] == [
         "suite:mlp:default", "suite:mlp:tf32_off", "suite:mlp:tf32_on", "suite:mlp:bf16"]
@@ -204,11 +205,14 @@ def test_the_cpu_stand_in_runs_the_fast_subset_end_to_end(tmp_path):
         assert f"\n{name} " in out and row["reason"] in out
     # what the CPU can already show: the suite, shared dropout masks, the planted fault, the cost
     for name in ("suite:mlp:default", "suite:mlp:tf32_off", "suite:mlp:bf16", "dropout", "planted_fault",
-                 "dump_cost"):
+                 "planted_fault_vs_bench", "dump_cost"):
         assert rows[name]["result"] == dc.PASS, rows[name]
     assert rows["dropout"]["details"]["dropout_rows"] > 0
     assert rows["dropout"]["details"]["dropout_rows_unpaired"] == 0
-    assert rows["planted_fault"]["details"]["first_suspect"]["api"] in rows["planted_fault"]["reason"]
+    for name in ("planted_fault", "planted_fault_vs_bench"):
+        assert rows[name]["details"]["passed"] is False
+        assert rows[name]["details"]["first_suspect"]["api"] in rows[name]["reason"]
+        assert " in softmax: " in rows[name]["details"]["first_suspect"]["location"]
     cost = rows["dump_cost"]["details"]
     assert cost["reps"] == 3 and all(len(v) == 3 for v in cost["times_s"].values())
     assert cost["ratio_to_plain"]["full"] > 0 and cost["ratio_to_plain"]["statistics"] > 0
@@ -220,3 +224,15 @@ def test_the_cpu_stand_in_runs_the_fast_subset_end_to_end(tmp_path):
     assert proc.returncode == (1 if must_bad else 0)
     assert ("PASSED" if not must_bad else "FAILED") in out.splitlines()[-2]
     assert seconds < 180
+
+
+def test_the_fault_rows_fail_when_nothing_is_caught(tmp_path):
+    # the rows' own negative control: a clean step against itself is "not caught", a FAIL
+    import example_models as em
+
+    ctx = dc.Context(torch.device("cpu"), torch.device("cpu"), str(tmp_path), True, 1, False)
+    model, batch = em.mlp()
+    result, reason, details = dc._fault_verdict(dc.run_pair(ctx, "clean", model, batch, em.train_step,
+                                                            em.train_step))
+    assert result == dc.FAIL and reason.startswith("the planted fault was not caught: passed")
+    assert details["passed"] is True
