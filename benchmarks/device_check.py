@@ -666,6 +666,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    if not args.keep:   # the reports went with the temporary folder: name none
+        for r in rows:
+            if "html" in r.details:
+                r.details["html"] = None
     after = flag_state(device.type)
     ok, bad = verdict(rows)
     print()

@@ -218,6 +218,7 @@ def test_the_cpu_stand_in_runs_the_fast_subset_end_to_end(tmp_path):
     assert cost["ratio_to_plain"]["full"] > 0 and cost["ratio_to_plain"]["statistics"] > 0
     assert report["stand_in"] is True and report["device"] == "cpu" and report["flags_restored"] is True
     assert report["environment"]["cpu_threads"] == 1
+    assert report["kept"] is None and all(r["details"].get("html") is None for r in report["rows"])
     # the exit code is the must rows' verdict
     must_bad = [n for n, r in rows.items() if r["gate"] == dc.MUST and r["result"] != dc.PASS]
     assert report["not_passed"] == must_bad and report["passed"] == (not must_bad)
