@@ -19,9 +19,9 @@ after ``--budget-s`` seconds is reported as ERROR "time budget spent" and the ot
    (``pytest_ptdbg/plugin/run.py``): every example model's training step (mlp, cnn, tiny_gpt,
    lstm) with the device's default arithmetic (``suite:<model>:default``), with TF32 off
    (``tf32_off``: ``torch.backends.cuda.matmul.allow_tf32 = False``, ``cudnn.allow_tf32 = False``,
-   ``set_float32_matmul_precision("highest")``), with TF32 on (``tf32_on``: ``True``, ``"high"``;
-   gate ``info``: its verdict is reported, it fails nothing, as TF32 is a reduced-precision mode the
-   judge is not told about yet) and under bf16 autocast against the float32 bench (``bf16``), with
+   ``set_float32_matmul_precision("highest")``), with TF32 on (``tf32_on``: ``True``, ``"high"``:
+   each matmul and convolution records the TF32 it was allowed, and the judgement budgets it in
+   TF32, so it must pass too) and under bf16 autocast against the float32 bench (``bf16``), with
    the default judgement (every call replayed against a float64 oracle). On an NPU the TF32 rows
    also set ``torch.npu.matmul.allow_hf32`` / ``torch.npu.conv.allow_hf32`` where torch_npu has
    them. Every flag is put back afterwards (the JSON says whether they all were);
@@ -570,7 +570,7 @@ def plan(fast: bool) -> List[Tuple[Row, Check]]:
     models = FAST_MODELS if fast else MODELS
     modes = (("default", "device defaults, fp32, vs CPU bench", MUST),
              ("tf32_off", "TF32 off (allow_tf32=False, 'highest'), fp32", MUST),
-             ("tf32_on", "TF32 on (allow_tf32=True, 'high'), fp32: verdict reported", INFO),
+             ("tf32_on", "TF32 on (allow_tf32=True, 'high'), fp32, judged in TF32", MUST),
              ("bf16", "bf16 autocast vs fp32 CPU bench", MUST))
     for mode, what, gate in modes:
         for m in models:
