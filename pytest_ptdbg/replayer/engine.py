@@ -183,14 +183,14 @@ def replay_call(func: Callable[..., Any], api: str, spec: Mapping[str, Any], arr
     if not backward:
         with _onednn(mkldnn):
             return _replay_once(func, api, spec, arrays, dtypes, device, oracle, cast, cast_args, autocast, False,
-                                requires_grad, strides or {}, draws, True, red)
+                                requires_grad, strides or {}, draws, red, True)
     with _onednn(mkldnn):
         try:
             return _replay_once(func, api, spec, arrays, dtypes, device, oracle, cast, cast_args, autocast, True,
-                                requires_grad, strides or {}, draws, False, red)
+                                requires_grad, strides or {}, draws, red, False)
         except ReplayError:
             return _replay_once(func, api, spec, arrays, dtypes, device, oracle, cast, cast_args, autocast, True,
-                                requires_grad, strides or {}, draws, True, red)
+                                requires_grad, strides or {}, draws, red, True)
 
 
 @contextlib.contextmanager
@@ -213,8 +213,8 @@ def _onednn(enabled: bool) -> Any:
 def _replay_once(func: Callable[..., Any], api: str, spec: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
                  dtypes: Mapping[str, str], dev: Any, oracle: bool, cast: Any, cast_args: bool, autocast: Any,
                  backward: bool, requires_grad: Collection[str], strides: Mapping[str, Tuple[int, ...]],
-                 draws: Optional[Callable[[], ContextManager[Any]]], copy_leaves: bool,
-                 reduced: Optional[Tuple[str, Operands]] = None) -> Replayed:
+                 draws: Optional[Callable[[], ContextManager[Any]]],
+                 reduced: Optional[Tuple[str, Operands]], copy_leaves: bool) -> Replayed:
     import torch
 
     leaves: Dict[str, Any] = {}
