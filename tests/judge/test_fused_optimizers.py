@@ -109,3 +109,50 @@ def test_statistics_only_the_fused_update_passes_named_as_not_judged(tmp_path, c
     r = compare_pair(device, bench, summary_compare=True, replay_check=False)
     assert r.judgement.passed, r.judgement.text()
     assert any("Torch__fused_adamw__0_forward" in n for n in r.judgement.notes), r.judgement.notes
+
+
+@pytest.mark.parametrize("spelling", ["fused", "foreach"])
+def test_parameters_read_after_a_fused_update_are_recorded_as_updated(tmp_path, spelling, monkeypatch):
+    """torch's ``_fused_adamw_`` writes the parameters without bumping their version counters (the
+    ``_foreach_*_`` kernels do bump them): a parameter read again after the step was recorded with
+    the statistics and saved file of its value before the update (the cache vouched for an unchanged
+    version), and the fused call's outputs looked unchanged (a false alarm x4e4 of budget on tiny
+    GPT). Every record of a parameter is now its value at that moment."""
+    import json
+    import os
+
+    import numpy as np
+
+    from pytest_ptdbg.dump import writer
+    from pytest_ptdbg.format import records
+
+    # records are written (and their statistics cached) in batches: a batch ends between the
+    # forward and the update, as it does in any model with a thousand records before its step
+    monkeypatch.setattr(writer, "QUEUE_MAX", 4)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(48, 40)
+    x = torch.randn(6, 48)
+    opt = torch.optim.AdamW(lin.parameters(), lr=0.1, **({"fused": True} if spelling == "fused" else {"foreach": True}))
+    after = {}
+
+    def step():
+        lin(x).square().mean().backward()
+        opt.step()
+        after["weight"] = lin.weight.detach().clone()
+        lin(x)  # the updated weight read again in the same step
+
+    dump_user_step(str(tmp_path), step)
+    rank = records.rank_dir(str(tmp_path), 0)
+    with open(os.path.join(rank, "api_stack_dump.pkl")) as f:
+        recs = {r[0]: r for r in map(json.loads, f) if not r[0].endswith("stack_info")}
+    updated = recs["Torch__fused_adamw__0_forward_output.0" if spelling == "fused" else
+                   "Torch__foreach_addcdiv__0_forward_output.0"]
+    assert updated[5][0] == pytest.approx(float(after["weight"].double().max()), rel=1e-7)
+    second = recs["Functional_linear_1_forward_input.1"]
+    w = after["weight"].double()
+    assert second[5][0] == pytest.approx(float(w.max()), rel=1e-7)
+    assert second[5][3] == pytest.approx(float(w.norm()), rel=1e-7)
+    saved = np.load(os.path.join(rank, "api_stack_dump", second[6]["npy"]))
+    assert np.array_equal(saved, after["weight"].numpy())
+    first = recs["Functional_linear_0_forward_input.1"]
+    assert first[5][0] != second[5][0]  # the update did change it
