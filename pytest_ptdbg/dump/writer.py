@@ -805,11 +805,13 @@ def body_line(key: str, body: str, rg: Optional[bool], ctx: str, npy: Optional[s
 _OPAQUE_TYPES = ("Distributed", "NPU")
 #: APIs whose kernels write tensors among their inputs without a version bump (BatchNorm's
 #: running statistics; the fused optimizers' parameters, moments and step counters: torch 2.13's
-#: ``_fused_adamw_`` leaves every ``_version`` at 0, unlike the ``_foreach_*_`` kernels): after the
+#: ``_fused_adamw_`` leaves every ``_version`` at 0, unlike the ``_foreach_*_`` kernels; GradScaler's
+#: unscaling of the gradients and its growth tracker): after the
 #: call, cached statistics and saved files of their inputs are stale
 _WRITES_INPUTS = frozenset((
     ("Torch", "_fused_adamw_"), ("Torch", "_fused_adam_"), ("Torch", "_fused_sgd_"),
-    ("Torch", "_fused_adagrad_"),
+    ("Torch", "_fused_adagrad_"), ("Torch", "_amp_foreach_non_finite_check_and_unscale_"),
+    ("Torch", "_amp_update_scale_"),
     ("Functional", "batch_norm"), ("Functional", "instance_norm"), ("Torch", "batch_norm"),
     ("Torch", "instance_norm"), ("Torch", "native_batch_norm"), ("Torch", "_native_batch_norm_legit"),
     ("Torch", "_native_batch_norm_legit_no_training"), ("Torch", "cudnn_batch_norm"),

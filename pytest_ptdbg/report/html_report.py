@@ -251,7 +251,8 @@ def _environment_rows(device: Optional[Dict[str, Any]], bench: Optional[Dict[str
         return lambda env: (env.get("flags") or {}).get(name)
 
     items = [("computed on", compute_device), ("accelerator", acc), ("float32 matmul/conv/RNN", fp32_words),
-             ("torch", lambda env: env["versions"]["torch"]), ("CUDA", lambda env: env["versions"].get("cuda") or "none"),
+             ("torch", lambda env: env["versions"]["torch"]),
+             ("CUDA", lambda env: env["versions"].get("cuda") or "none"),
              ("torch_npu / CANN", lambda env: (f"{env['versions']['torch_npu']} / {env['versions'].get('cann')}"
                                                if env["versions"].get("torch_npu") else "none")),
              ("deterministic algorithms", flag("deterministic_algorithms")),

@@ -156,3 +156,28 @@ def test_parameters_read_after_a_fused_update_are_recorded_as_updated(tmp_path, 
     assert np.array_equal(saved, after["weight"].numpy())
     first = recs["Functional_linear_0_forward_input.1"]
     assert first[5][0] != second[5][0]  # the update did change it
+
+
+def test_gradients_read_after_gradscaler_unscales_them_are_recorded_as_unscaled(tmp_path, monkeypatch):
+    """``_amp_foreach_non_finite_check_and_unscale_`` (GradScaler.unscale_) divides the gradients in
+    place without a version bump: a gradient read after it is recorded unscaled."""
+    import json
+    import os
+
+    from pytest_ptdbg.dump import writer
+    from pytest_ptdbg.format import records
+
+    monkeypatch.setattr(writer, "QUEUE_MAX", 4)
+    g = torch.linspace(-4.0, 4.0, 1024)  # large enough for the statistics cache
+
+    def step():
+        g.mul(1.0)  # recorded (and, after its batch, cached) at scale 4
+        torch.tanh(torch.ones(3))
+        torch._amp_foreach_non_finite_check_and_unscale_([g], torch.zeros(1), torch.full((1,), 0.25))
+        g.mul(1.0)
+
+    dump_user_step(str(tmp_path), step)
+    with open(os.path.join(records.rank_dir(str(tmp_path), 0), "api_stack_dump.pkl")) as f:
+        recs = {r[0]: r for r in map(json.loads, f) if not r[0].endswith("stack_info")}
+    assert recs["Tensor_mul_0_forward_input.0"][5][0] == 4.0
+    assert recs["Tensor_mul_1_forward_input.0"][5][0] == 1.0
