@@ -113,13 +113,69 @@ def fault_ratios(path: str, ws: Any) -> List[Dict[str, Any]]:
             and isinstance(r.get("ratio"), (int, float)) and r["ratio"] == r["ratio"]]
 
 
+def stress() -> List[Dict[str, Any]]:
+    """Long reductions and contractions (a device's real sizes), judged directly by the budget's
+    kernels: own error (alternative kernel vs float64) / budget, with the budget the CPU reference
+    alone gives (``old``) and with the kernel bound (``new``)."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks.faults import alt_kernels as AK
+    from pytest_ptdbg.judge import algorithms as A, budget as B
+
+    g = torch.Generator().manual_seed(5)
+
+    def r(*shape: int, shift: float = 0.0) -> Any:
+        return torch.randn(*shape, generator=g) + shift
+
+    t = {"t": "input.0"}
+    cases = [
+        ("seqsum", "sum of 32768 positive", "sum", F.relu(r(4, 32768)) + 0.1, [t, -1], torch.sum, (-1,)),
+        ("seqsum", "mean of 32768", "mean", r(4, 32768, shift=1.0), [t, -1], torch.mean, (-1,)),
+        ("welford", "batch_norm 32x4x32x32 (32768 per channel)", "batch_norm", r(32, 4, 32, 32, shift=2.0),
+         [t, None, None, None, None, True], F.batch_norm, (None, None, None, None, True)),
+        ("welford", "layer_norm over 4096", "layer_norm", r(8, 4096, shift=3.0), [t, [4096]], F.layer_norm,
+         ((4096,),)),
+        ("online_softmax", "softmax over 8192", "softmax", 4 * r(8, 8192), [t, -1], F.softmax, (-1,)),
+        ("online_softmax", "log_softmax over 8192", "log_softmax", 4 * r(8, 8192), [t, -1], F.log_softmax, (-1,)),
+        ("splitk", "linear K=4096", "linear", r(16, 4096), [t, {"t": "input.1"}], F.linear, (r(64, 4096),)),
+        ("winograd", "conv2d 3x3 64->32 on 2x64x16x16", "conv2d", r(2, 64, 16, 16), [t, {"t": "input.1"}],
+         F.conv2d, (r(32, 64, 3, 3), None, 1, 1)),
+        ("libm", "exp of 65536", "exp", r(65536), [t], torch.exp, ()),
+        ("libm", "tanh of 65536", "tanh", r(65536), [t], torch.tanh, ()),
+    ]
+    out = []
+    for fam, what, name, x, args, func, rest in cases:
+        with torch.no_grad():
+            ref = func(x, *rest)
+            exact = func(x.double(), *[a.double() if isinstance(a, torch.Tensor) else a for a in rest])
+            with AK.AltKernels([fam]):
+                dev = func(x, *rest)
+        arrays = {"input.0": x.numpy(), "output.0": exact.numpy()}
+        if rest and isinstance(rest[0], torch.Tensor):
+            arrays["input.1"] = rest[0].numpy()
+        own, rerr, scale, n = B.finite_norms(dev.numpy(), exact.numpy(), ref.numpy())
+
+        def norm(k: str, arrays: Dict[str, Any] = arrays) -> float:
+            return float(np.linalg.norm(arrays[k].astype(np.float64)))
+        bound = A.kernel_bound(name, {"args": args, "kwargs": {}}, arrays, norm, "output.0", scale, "torch.float32")
+        rms = min(B.rms(arrays[k]) for k in arrays if k.startswith("input."))
+        old = B.judged("output.0", own, rerr, scale, n, "torch.float32", rms)
+        new = B.judged("output.0", own, rerr, scale, n, "torch.float32", rms, kernels=bound)
+        out.append({"family": fam, "case": what, "own_vs_cpu": own / rerr if rerr else math.inf,
+                    "old": old.ratio, "new": new.ratio})
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fast", action="store_true", help="all families together on five architectures")
     ap.add_argument("--archs", default="", help="comma-separated architectures (default: all available)")
     ap.add_argument("--faults", default="", help="bench_diagnosis.py --out results (default: run its fast faults)")
     ap.add_argument("--out", default="", help="write every result as JSON here")
-    ap.add_argument("--self-test", action="store_true", help="only check each kernel against float64")
+    ap.add_argument("--self-test", action="store_true",
+                    help="only check each kernel against float64 and judge the long reductions")
     a = ap.parse_args(argv)
 
     import torch
@@ -131,6 +187,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("self-test (relative L2 error against float64, float32 inputs):")
     for fam, what, alt, cpu in AK.self_test():
         print(f"  {fam:15s} {what:34s} alternative {alt:.2e}  CPU kernel {cpu:.2e}")
+    print("long reductions (a device's sizes), own error / budget: the CPU reference's alone -> with the "
+          "kernel bound:")
+    long_cases = stress()
+    for c in long_cases:
+        print(f"  {c['family']:15s} {c['case']:42s} own/CPU's {c['own_vs_cpu']:6.2f}  {c['old']:6.3f} -> "
+              f"{c['new']:6.3f}")
     if a.self_test:
         return 0
     have = set(archs.available_archs())
@@ -191,7 +253,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.out:
         with open(a.out, "w", encoding="utf-8") as fh:
             json.dump({"runs": [dict(asdict(r), false_alarm=r.false_alarm) for r in results],
-                       "faults": faults}, fh, indent=1, default=str)
+                       "faults": faults, "long": long_cases}, fh, indent=1, default=str)
     return 0
 
 
