@@ -11,7 +11,9 @@ inputs (never chained), on the bench device, twice:
 A forward call's outputs, and a backward call's produced gradients (autograd on the replayed call,
 fed the recorded incoming gradients), are judged by :mod:`.budget`: own error = distance(device,
 oracle), budget = FACTOR x distance(reference, oracle), floored at one rounding at the scale of the
-call's inputs. Over budget, or a NaN/Inf the replays do not produce, makes the call a root cause.
+call's inputs and at the error any correct kernel of the call's algorithm family may make
+(:mod:`.algorithms`: another summation order, split-K, Winograd, a libm within 2 ulp).
+Over budget, or a NaN/Inf the replays do not produce, makes the call a root cause.
 In-place and 0-d calls (``step_t += 1``, ``addcdiv_``) replay on a copy of their recorded inputs.
 
 Calls that are not a computation or not unique are treated as :mod:`.not_judged`'s table says;
