@@ -95,9 +95,10 @@ def _bound(name: str, spec: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
         a = arrays[x]
         c = int(a.shape[1]) if a.ndim >= 2 else int(a.shape[0])
         rows = max(a.size // max(c, 1), 1)
-        # each row's log-sum-exp (relative error of its sum: absolute error of its log), then the mean
+        # each row's log-sum-exp (relative error of its sum: absolute error of its log), then the
+        # mean or sum of the rows' losses (same-sign terms: partial sums within the result)
         return (B.order_bound(c, u, math.sqrt(max(arrays[key].size, 1)))
-                + B.order_bound(rows, u, math.sqrt(rows) * scale))
+                + B.order_bound(rows if arrays[key].size == 1 else 1, u, scale))
     return 0.0
 
 

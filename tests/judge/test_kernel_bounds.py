@@ -103,3 +103,12 @@ def test_kernel_bound_never_raises_for_arguments_it_does_not_understand():
                           "torch.float32") == 0.0
     assert A.kernel_bound("softmax", {"args": [{"t": "input.0"}, "x"]}, arrays, _norm(arrays), "output.0", 1.0,
                           "torch.float32") == 0.0
+
+
+def test_kernel_bound_of_a_mean_cross_entropy():
+    logits = np.zeros((4, 10), np.float32)
+    arrays = {"input.0": logits, "input.1": np.zeros(4, np.int64), "output.0": np.float32(2.3)}
+    spec = {"args": [{"t": "input.0"}, {"t": "input.1"}], "kwargs": {}}
+    got = A.kernel_bound("cross_entropy", spec, arrays, _norm(arrays), "output.0", 2.3, "torch.float32")
+    # each row's log-sum-exp over 10 classes (absolutely), then the mean of 4 positive losses (relatively)
+    assert got == pytest.approx(2 * math.sqrt(9) * U32 * 1.0 + 2 * math.sqrt(3) * U32 * 2.3, rel=1e-12)
