@@ -19,6 +19,15 @@ For one output tensor of one call, replayed from the device's recorded inputs:
   that neither the reference nor the oracle has at the same places (``masked_fill(-inf)`` and
   causal masks produce them in every replay too).
 
+A correct kernel of another device may sum in another order or use another algorithm, whose error
+the CPU reference's does not bound (a blocked sequential sum of 4 096 terms is ~9x a pairwise one's).
+So where the judge knows the call's algorithm family (``own_error.py``: GEMMs and convolutions by
+their contraction length, reductions and normalisations by their reduction length, libm-style
+functions), the budget is also at least a bound *derived* for every correct kernel of that family
+(:func:`order_bound`, :func:`libm_bound`), computed in the compute dtype's accumulator
+(:func:`accumulator_roundoff`: float32 for bf16/fp16, whose own rounding the reference's term
+already covers).
+
 FACTOR is below the benchmark's resolution (a fault smaller than 4x the correct kernel's error is
 "below resolution"), so every resolvable fault exceeds its budget, while a correct kernel of
 another device (another summation order) stays within FACTOR times the CPU reference's error.
@@ -33,7 +42,8 @@ import numpy as np
 
 from pytest_ptdbg.runtime.dtypes import COMPLEX_PARTS, FLOATS
 
-__all__ = ["FACTOR", "FLOOR_UNITS", "unit_roundoff", "OutputCheck", "check_output", "finite_norms", "judged",
+__all__ = ["FACTOR", "FLOOR_UNITS", "ORDER_UNITS", "LIBM_ULPS", "WINOGRAD_UNITS", "order_bound", "libm_bound",
+           "accumulator_roundoff", "unit_roundoff", "OutputCheck", "check_output", "finite_norms", "judged",
            "input_rms_decided", "rms_bound", "check_exact", "selects_inputs",
            "check_indices", "check_dropout", "has_duplicates", "rms"]
 
@@ -41,6 +51,14 @@ __all__ = ["FACTOR", "FLOOR_UNITS", "unit_roundoff", "OutputCheck", "check_outpu
 FACTOR = 3.0
 #: the floor of a budget, in units of the compute dtype's rounding
 FLOOR_UNITS = 1.0
+
+#: :func:`order_bound` in units of sqrt(n) u S (about 3.5 standard deviations of a random walk of
+#: roundings each at most u x the largest partial sum: ``benchmarks/bench_alt_kernels.py``)
+ORDER_UNITS = 2.0
+#: libm-style functions (exp, tanh, gelu...): a correct kernel is within this many ulps
+LIBM_ULPS = 2.0
+#: Winograd F(2x2, 3x3) rounds its transforms too: its error bound is this many times a direct 3x3 sum's
+WINOGRAD_UNITS = 4.0
 
 #: unit roundoff by torch dtype name (``runtime/dtypes.py``; a complex dtype's is its parts')
 _UNIT = {**{f"torch.{n}": f.unit_roundoff for n, f in FLOATS.items()},
@@ -62,6 +80,30 @@ def unit_roundoff(dtype: str) -> float:
     for anything unknown."""
     name = dtype if str(dtype).startswith("torch.") else f"torch.{dtype}"
     return _UNIT.get(name, _F32_UNIT)
+
+
+def accumulator_roundoff(dtype: str) -> float:
+    """Unit roundoff of the accumulator a correct kernel of compute dtype ``dtype`` sums in:
+    float32's for bfloat16/float16 (and anything coarser), the dtype's own when finer."""
+    return min(unit_roundoff(dtype), _F32_UNIT)
+
+
+def order_bound(n: int, u: float, magnitude: float, units: float = ORDER_UNITS) -> float:
+    """The error, in L2 over the outputs, that a sum of ``n`` terms per output stays within in
+    *any* order (sequential, blocked, pairwise, split into chunks): ``units x sqrt(n - 1) x u x
+    magnitude``, where ``magnitude`` is (a bound of) the L2 norm over the outputs of each output's
+    sum of |terms|. Every partial sum any order forms is at most that sum, each of the n - 1
+    additions rounds by at most u of its partial sum, and roundings of random sign add as a
+    random walk (sqrt(n - 1)); the deterministic bound (n - 1) u would hide faults."""
+    if n <= 1 or magnitude <= 0 or not math.isfinite(magnitude):
+        return 0.0
+    return units * math.sqrt(n - 1) * u * magnitude
+
+
+def libm_bound(scale: float, u: float, ulps: float = LIBM_ULPS) -> float:
+    """The error, in L2, of a libm-style function within ``ulps`` ulps of its exact values, whose
+    L2 norm is ``scale``: an ulp at x is at most 2u|x|, so ``ulps x 2u x scale``."""
+    return ulps * 2.0 * u * scale if scale > 0 and math.isfinite(scale) else 0.0
 
 
 #: magnitudes at or above this are masks (``torch.finfo(dtype).min`` fills), not data
@@ -130,14 +172,16 @@ def _nonfinite_pattern(a: np.ndarray) -> np.ndarray:
 
 def check_output(key: str, device: np.ndarray, oracle: np.ndarray, reference: np.ndarray, dtype: str,
                  input_rms: float = 0.0, factor: float = FACTOR, floor_units: float = FLOOR_UNITS,
-                 rounds: Union[bool, Callable[[], bool]] = False) -> OutputCheck:
+                 rounds: Union[bool, Callable[[], bool]] = False,
+                 kernels: Union[float, Callable[[float], float]] = 0.0) -> OutputCheck:
     """Judge one floating output (see the module docstring). Arrays of one shape, any float dtype.
     ``rounds`` (see :func:`judged`) may be a function, asked only when the device differs from a
     reference that reproduces the oracle exactly (the only case where it changes the verdict)."""
     fast = finite_norms(device, oracle, reference)
     if fast is not None:
         own, ref = fast[0], fast[1]
-        return judged(key, *fast, dtype, input_rms, factor, floor_units, rounds=_ask(rounds, own, ref))
+        return judged(key, *fast, dtype, input_rms, factor, floor_units, rounds=_ask(rounds, own, ref),
+                      kernels=kernels(fast[2]) if callable(kernels) else kernels)
     d = np.asarray(device, dtype=np.float64)
     o = np.asarray(oracle, dtype=np.float64)
     r = np.asarray(reference, dtype=np.float64)
@@ -156,7 +200,7 @@ def check_output(key: str, device: np.ndarray, oracle: np.ndarray, reference: np
     ref = float(np.linalg.norm((r - o).ravel()))
     scale = float(np.linalg.norm(o.ravel()))
     return judged(key, own, ref, scale, d.size, dtype, input_rms, factor, floor_units, origin,
-                  _ask(rounds, own, ref))
+                  _ask(rounds, own, ref), kernels(scale) if callable(kernels) else kernels)
 
 
 def _ask(rounds: Union[bool, Callable[[], bool]], own: float, ref: float) -> bool:
@@ -167,15 +211,17 @@ def _ask(rounds: Union[bool, Callable[[], bool]], own: float, ref: float) -> boo
 
 def judged(key: str, own: float, ref: float, scale: float, n: int, dtype: str, input_rms: float = 0.0,
            factor: float = FACTOR, floor_units: float = FLOOR_UNITS, origin: bool = False,
-           rounds: bool = False) -> OutputCheck:
+           rounds: bool = False, kernels: float = 0.0) -> OutputCheck:
     """The check of one output from its norms (``n``: the elements they were taken over).
     ``rounds``: the result is computed, not selected from the inputs (see the module docstring):
-    the floor holds even when the reference reproduces the oracle exactly."""
+    the floor holds even when the reference reproduces the oracle exactly. ``kernels``: the error
+    every correct kernel of the call's algorithm family stays within (:func:`order_bound`,
+    :func:`libm_bound`; 0: not known), the budget's least value."""
     u = unit_roundoff(dtype)
     # a reference that reproduces the oracle exactly (getitem, cat, relu, an exact cast) of a
     # result selected from its inputs: a correct kernel gives it exactly, so there is no floor
     floor = floor_units * u * max(scale, input_rms * math.sqrt(max(n, 1))) if (ref > 0 or rounds) else 0.0
-    budget = max(factor * ref, floor)
+    budget = max(factor * ref, floor, kernels)
     return OutputCheck(key, math.inf if origin else own, ref, budget, scale, origin,
                        "NaN/Inf where the reference replay has none" if origin else "")
 

@@ -11,7 +11,9 @@ inputs (never chained), on the bench device, twice:
 A forward call's outputs, and a backward call's produced gradients (autograd on the replayed call,
 fed the recorded incoming gradients), are judged by :mod:`.budget`: own error = distance(device,
 oracle), budget = FACTOR x distance(reference, oracle), floored at one rounding at the scale of the
-call's inputs. Over budget, or a NaN/Inf the replays do not produce, makes the call a root cause.
+call's inputs and at the error any correct kernel of the call's algorithm family may make
+(:mod:`.algorithms`: another summation order, split-K, Winograd, a libm within 2 ulp).
+Over budget, or a NaN/Inf the replays do not produce, makes the call a root cause.
 In-place and 0-d calls (``step_t += 1``, ``addcdiv_``) replay on a copy of their recorded inputs.
 
 Calls that are not a computation or not unique are treated as :mod:`.not_judged`'s table says;
@@ -40,6 +42,7 @@ from pytest_ptdbg.dump.validate import call_problem
 from pytest_ptdbg.errors import AllocationRefused, NotReplayable, ReplayError, ReplayRefused
 from pytest_ptdbg.format import records
 from pytest_ptdbg.runtime.gc_pause import paused_gc
+from pytest_ptdbg.judge import algorithms as A
 from pytest_ptdbg.judge import budget as B
 from pytest_ptdbg.judge.arrays import ArrayStore
 from pytest_ptdbg.replayer.allowlist import torch_dtype
@@ -531,6 +534,13 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
         ref = _run(func, fwd.key, use, call, dev, False, None, backward)  # no kernel in that dtype here
     dim = NJ.dim_arg(special, spec) if special is not None and special.treatment == NJ.Treatment.TIES else None
 
+    def norm(k: str) -> float:
+        return call.rms(k) * math.sqrt(call.arrays[k].size) if k in call.arrays else 0.0
+
+    def kernels(k: str, dt: str, scale: float) -> float:
+        """The error every correct kernel of the call's algorithm family stays within (algorithms.py)."""
+        return A.kernel_bound(fwd.api_name, use, call.arrays, norm, k, scale, dt)
+
     def checks(prefix: str, rms_from: Sequence[str]) -> List[B.OutputCheck]:
         res = []
         for k in call.keys(prefix):
@@ -549,7 +559,8 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
                 norms = B.finite_norms(d, o, r)
                 if norms is None:  # NaN/Inf somewhere: the element-wise check, with the exact input RMS
                     res.append(B.check_output(k, d, o, r, dt, _input_rms(call, rms_from), factor,
-                                              rounds=functools.partial(_rounds, call, o, r, d, rms_from, use)))
+                                              rounds=functools.partial(_rounds, call, o, r, d, rms_from, use),
+                                              kernels=functools.partial(kernels, k, dt)))
                     continue
                 own, rerr, scale, n = norms
                 # an exact reference is no licence for a budget of 0 unless the result is selected
@@ -560,7 +571,7 @@ def _replay_call(call: _Call, fwd: reader.ApiRec, bwd: Optional[reader.ApiRec], 
                     return B.input_rms_decided(bound, rerr, scale, n, dt, factor, rounds=rounds)
 
                 res.append(B.judged(k, own, rerr, scale, n, dt, _input_rms(call, rms_from, decided), factor,
-                                    rounds=rounds))
+                                    rounds=rounds, kernels=kernels(k, dt, scale)))
                 call.store.bound(call.ids.get(k), B.rms_bound(own, scale, n))
             elif special is not None and special.treatment == NJ.Treatment.TIES and "input.0" in call.arrays:
                 res.append(B.check_indices(k, d, o, call.arrays["input.0"], dim))
