@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from benchmarks.faults.planting import Replace
+
 __all__ = ["FAMILIES", "AltKernels", "family_of", "self_test", "FAMILY_APIS"]
 
 T = torch.Tensor
@@ -56,18 +58,6 @@ def _floating(x: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.is_floating_point()
 
 
-class _Replace(torch.autograd.Function):
-    """Forward gives ``alt``; backward is the CPU kernel's (the gradient goes to ``out``)."""
-
-    @staticmethod
-    def forward(ctx, out, alt):  # type: ignore[override]
-        return alt.clone()
-
-    @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
-        return g, None
-
-
 def _forward_only(func: Callable, args: tuple, kwargs: dict, alt: Callable[[torch.dtype], T]) -> T:
     out = func(*args, **kwargs)
     if not isinstance(out, torch.Tensor) or not out.is_floating_point():
@@ -77,7 +67,7 @@ def _forward_only(func: Callable, args: tuple, kwargs: dict, alt: Callable[[torc
     if val.shape != out.shape:
         raise _Decline()
     val = val.to(out.dtype)
-    return _Replace.apply(out, val) if out.requires_grad else val
+    return Replace.apply(out, val) if out.requires_grad else val
 
 
 # ----------------------------------------------------------------------------- sums

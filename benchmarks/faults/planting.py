@@ -31,7 +31,7 @@ from typing import Any, Callable, List, Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["FireRecord", "Site", "BelowCapture", "UserCode", "rel_l2", "oracle_error", "perturb"]
+__all__ = ["FireRecord", "Site", "BelowCapture", "UserCode", "Replace", "rel_l2", "oracle_error", "perturb"]
 
 
 @dataclass
@@ -141,8 +141,9 @@ def perturb(t: torch.Tensor, size: Any, seed: int) -> torch.Tensor:
         return bad
 
 
-class _Replace(torch.autograd.Function):
-    """Forward gives ``bad``; backward passes the gradient to ``out`` unchanged."""
+class Replace(torch.autograd.Function):
+    """Forward gives ``bad`` (a planted fault's output, or an alternative kernel's); backward passes
+    the gradient to ``out`` unchanged (the CPU kernel's backward)."""
 
     @staticmethod
     def forward(ctx, out, bad):  # type: ignore[override]
@@ -244,7 +245,7 @@ class BelowCapture(_SiteMode):
                 return _GradFault.apply(out, self.size, seed, rec)
             bad = perturb(out, self.size, seed)
             rec.e1 = rel_l2(bad, out)
-            return _Replace.apply(out, bad) if out.requires_grad else bad
+            return Replace.apply(out, bad) if out.requires_grad else bad
 
 
 class UserCode(_SiteMode):
