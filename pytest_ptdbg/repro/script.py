@@ -35,7 +35,8 @@ Written by pytest-ptdbg. Runs the call alone from the saved inputs (autocast off
 the result with the one saved when it was recorded, then judges the saved result as compare's
 judgement does: its own error (against a float64 replay, the oracle) within its budget
 ({factor:g} x the error of a replay in its compute dtype, {compute}, floored at one rounding at the
-scale of the result and its inputs). (``ptdbg replay PACKAGE_DIR``
+scale of the result and its inputs, and at least what any correct kernel of its algorithm family
+errs, KERNEL_BOUNDS). (``ptdbg replay PACKAGE_DIR``
 gives the judgement's exact verdict, with its rules for NaN/Inf and results selected from the
 inputs.) Needs only torch and numpy.
 
@@ -111,6 +112,9 @@ COMPUTE = {compute!r}
 UNIT_ROUNDOFF = {unit!r}
 INPUTS = {inputs!r}
 SENTINEL = 1e30
+#: per result, the error every correct kernel of the call's algorithm family stays within (another
+#: summation order, split-K, Winograd, a libm within 2 ulp), computed when this script was written
+KERNEL_BOUNDS = {kernel_bounds!r}
 
 
 def run(device, cast):
@@ -147,7 +151,8 @@ def judge(device):
         ok = np.isfinite(d) & np.isfinite(o) & np.isfinite(r)
         own, ref = float(np.linalg.norm(d[ok] - o[ok])), float(np.linalg.norm(r[ok] - o[ok]))
         scale, n = float(np.linalg.norm(o[ok])), int(ok.sum())
-        budget = max(FACTOR * ref, FLOOR_UNITS * UNIT_ROUNDOFF * max(scale, s_in * np.sqrt(max(n, 1))))
+        budget = max(FACTOR * ref, FLOOR_UNITS * UNIT_ROUNDOFF * max(scale, s_in * np.sqrt(max(n, 1))),
+                     KERNEL_BOUNDS.get(key, 0.0))
         over = own > budget
         within = within and not over
         rel = (lambda x: x / scale if scale > 0 else x)
@@ -326,6 +331,7 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
     compute = compute_dtype([pkg.tensors[k].dtype for k in pkg.keys("output")])
     inputs = pkg.keys("input") + (pkg.keys("backward_input") if backward else [])
     return _TEMPLATE.format(
+        kernel_bounds=_kernel_bounds(pkg, p.api_name, compute or "torch.float32"),
         factor=B.FACTOR, floor_units=B.FLOOR_UNITS, compute=compute, unit=B.unit_roundoff(compute or "float32"),
         inputs=[k for k in inputs if re.fullmatch(r"(backward_)?input(\.[0-9]+)+", k)],
         api=api, what=what, script_name=re.sub(r"[^\w.-]", "_", script_name),
@@ -333,6 +339,36 @@ def script_text(pkg: pkgmod.Package, script_name: str = "replay.py") -> str:
         body="\n".join(body), expected={k: pkg.tensors[k].dtype for k in pkg.expected_keys},
         rng={"device": str(pkg.rng.get("device")), "file": pkgmod.RNG_FILE} if pkg.rng else None,
     )
+
+
+def _kernel_bounds(pkg: pkgmod.Package, api_name: str, compute: str) -> Dict[str, float]:
+    """``{result key: bound}`` of ``judge/algorithms.kernel_bound`` for the package's floating results,
+    at the scale of the saved result (the oracle's, within the result's own error)."""
+    import numpy as np
+
+    from pytest_ptdbg.judge.algorithms import kernel_bound
+
+    arrays: Dict[str, Any] = {}
+    for k in pkg.tensors:
+        try:
+            arrays[k] = pkg.load_array(k)
+        except (OSError, ValueError):
+            continue
+
+    def norm(k: str) -> float:
+        a = arrays.get(k)
+        if a is None or a.dtype.kind != "f":
+            return 0.0
+        a = a.astype(np.float64).ravel()
+        return float(np.linalg.norm(a[np.isfinite(a) & (np.abs(a) < 1e30)]))
+
+    out: Dict[str, float] = {}
+    for key in pkg.expected_keys:
+        if key in arrays and arrays[key].dtype.kind == "f":
+            bound = kernel_bound(api_name, pkg.call, arrays, norm, key, norm(key), compute)
+            if bound > 0 and math.isfinite(bound):
+                out[key] = float(bound)
+    return out
 
 
 def write_script(package_dir: str, out_path: str) -> str:

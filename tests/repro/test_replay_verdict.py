@@ -27,8 +27,9 @@ def _linear_times(k: float):
 
 @pytest.fixture(scope="module")
 def step(tmp_path_factory):
-    """One forward/backward of a linear layer whose kernel is off by 5e-7 relative: within the
-    dtype rule's tolerances, over the judgement's budget (one rounding of float32 at its scale)."""
+    """One forward/backward of a linear layer whose kernel is off by 2e-6 relative: within the
+    dtype rule's tolerances, over the judgement's budget (what any correct float32 kernel of a
+    32-term contraction stays within, in any summation order: 5e-7 no longer exceeds it)."""
     root = tmp_path_factory.mktemp("lin")
     g = torch.Generator().manual_seed(0)
     x = torch.randn(16, 32, generator=g)
@@ -40,7 +41,7 @@ def step(tmp_path_factory):
     def run():
         torch.relu(lin(x)).sum().backward()
 
-    with patched(torch.nn.functional, "linear", _linear_times(1 + 5e-7)):
+    with patched(torch.nn.functional, "linear", _linear_times(1 + 2e-6)):
         dump_user_step(root, run)
     rank = records.rank_dir(str(root))
     return rank, reader.read_dump(rank), judge_dump(rank)
