@@ -107,6 +107,9 @@ def fp32_mode(family: str, device_type: str) -> str:
             mode = _legacy_cuda(family)
     elif device_type == "cpu":
         mode = _precision("mkldnn", "matmul" if family == "matmul" else "conv" if family == "conv" else "rnn")
+        # oneDNN computes float32 in bf16 on a CPU with AMX when asked; its TF32 runs only on
+        # Intel GPUs (torch says so when it is set): a CPU computes a "tf32" call in float32
+        return mode if mode == "bf16" else ""
     elif device_type == "npu":
         return "hf32" if family in ("matmul", "conv") and _npu_hf32(family) else ""
     else:

@@ -2,9 +2,10 @@
 call and per dump, and the judgement budgets each call in that mode.
 
 A convolution computed with TF32-rounded operands (emulated on this CPU below capture, as a GPU with
-cuDNN's default ``allow_tf32`` computes it) passes when the run recorded TF32 as allowed, and is the
-root cause, named as a TF32 computation in a strict-float32 run, when it recorded strict float32.
-The device side of the flags (CUDA, Ascend) is read through mocks of torch's flags."""
+cuDNN's default ``allow_tf32`` computes it) passes when the run recorded TF32 as allowed (the
+device's flags mocked as cuDNN's defaults), and is the root cause, named as a TF32 computation in a
+strict-float32 run, when it recorded strict float32 (this CPU's own flags). The device side of the
+flags (CUDA, Ascend) is read through mocks of torch's flags."""
 import json
 import os
 
@@ -130,12 +131,14 @@ def test_a_float32_convolution_records_the_reduced_format_its_device_allows():
     x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
     old = torch.backends.mkldnn.conv.fp32_precision
     try:
-        torch.backends.mkldnn.conv.fp32_precision = "tf32"
-        assert math_modes((x, w), {}, "conv") == {"fp32": "tf32"}
+        torch.backends.mkldnn.conv.fp32_precision = "bf16"   # oneDNN's bf16 for float32 (AMX CPUs)
+        assert math_modes((x, w), {}, "conv") == {"fp32": "bf16"}
         assert math_modes((x, w), {}, None) is None           # not a product: no mode
         assert math_modes((x.double(), w.double()), {}, "conv") is None  # float64: no reduced format
         with torch.autocast("cpu", dtype=torch.bfloat16):   # autocast decides the dtype instead
             assert math_modes((x, w), {}, "conv") == {"autocast": "torch.bfloat16"}
+        torch.backends.mkldnn.conv.fp32_precision = "tf32"   # oneDNN's TF32 runs on Intel GPUs only:
+        assert math_modes((x, w), {}, "conv") is None         # a CPU computes the call in float32
     finally:
         torch.backends.mkldnn.conv.fp32_precision = old
     assert math_modes((x, w), {}, "conv") is None  # strict float32: nothing recorded (dumps unchanged)
@@ -193,14 +196,26 @@ class _TF32Convolutions(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _cudnn_default_flags(family, device_type):
+    """The flags of a CUDA device with cuDNN's defaults, read for this CPU's calls (the device
+    mocked): float32 convolutions may compute in TF32, matmuls are strict."""
+    return "tf32" if family == "conv" else ""
+
+
 def _dump(path, tf32_kernel: bool, allow: bool):
+    """One CNN step; ``tf32_kernel``: its convolutions compute in TF32 (below capture, as cuDNN
+    does); ``allow``: the dump reads the device's flags as cuDNN's defaults (TF32 convolutions
+    allowed), else as this CPU's (strict float32)."""
+    import pytest_ptdbg.dump.call_spec as CS
+
     seed_all(0)
     model, batch = em.cnn(seed=0)
     dbg = PrecisionDebugger(dump_path=str(path), step=[0])
     dbg.configure_hook(mode="api_stack")
-    old = torch.backends.mkldnn.conv.fp32_precision
-    torch.backends.mkldnn.conv.fp32_precision = "tf32" if allow else old
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        if allow:
+            mp.setattr(CS, "fp32_mode", _cudnn_default_flags)
+            mp.setattr(E, "fp32_mode", _cudnn_default_flags)
         if tf32_kernel:
             with _TF32Convolutions():
                 dbg.start()
@@ -210,8 +225,6 @@ def _dump(path, tf32_kernel: bool, allow: bool):
             dbg.start()
             em.train_step(model, batch)
             dbg.stop()
-    finally:
-        torch.backends.mkldnn.conv.fp32_precision = old
     dbg.close()
     return records.rank_dir(str(path), 0)
 
