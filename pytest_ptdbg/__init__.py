@@ -22,6 +22,7 @@ _EXPORTS = {
     "compare": "pytest_ptdbg.api",
     "compare_distributed": "pytest_ptdbg.api",
     "CompareResult": "pytest_ptdbg.api",
+    "check_ranks": "pytest_ptdbg.api",
     "Rule": "pytest_ptdbg.comparison.rule",
     "parse": "pytest_ptdbg.parsing",
     "assert_precision": "pytest_ptdbg.plugin.assertions",

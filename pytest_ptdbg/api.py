@@ -39,6 +39,7 @@ from pytest_ptdbg.report import outputs
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_ptdbg.advise.advisor import Advice
+    from pytest_ptdbg.comparison.ranks import RankConsistencyResult
 
 
 @dataclass
@@ -490,3 +491,29 @@ def compare_distributed(npu_step_dir: str, bench_step_dir: str, output_path: str
     if log:
         print(text, end="", flush=True)
     return DistributedResult(results, diverging, first, text, spath, errors)
+
+
+def check_ranks(step_dir: str, output_path: Optional[str] = None, is_print_compare_log: bool = False,
+                **opts: Any) -> "RankConsistencyResult":
+    """Check one run's ranks against each other (no bench): see ``comparison/ranks.py``.
+
+    ``step_dir``: a step folder of ``rank<N>`` folders. ``opts``: ``world_size``, ``collectives``,
+    ``optimizer``, ``parameters`` (:func:`pytest_ptdbg.comparison.ranks.check_ranks`). With
+    ``output_path``, writes ``rank_consistency_{stem}.txt`` (the summary) and ``.json`` (every
+    divergence and problem) there; their paths are in ``text_path`` / ``json_path``.
+    """
+    import json
+
+    from pytest_ptdbg.comparison import ranks
+
+    res = ranks.check_ranks(step_dir, **opts)
+    if output_path is not None:
+        outputs.prepare_dir(output_path)
+        ts = _timestamp()
+        names = {"text": ("rank_consistency", "txt"), "json": ("rank_consistency", "json")}
+        with outputs.ReportSet(output_path, names, "", outputs.new_stem("", ts), ts) as files:
+            res.text_path = files.write("text", res.summary())
+            res.json_path = files.write("json", json.dumps(res.to_dict(), indent=1, allow_nan=False) + "\n")
+    if is_print_compare_log:
+        print(res.summary(), end="", flush=True)
+    return res

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 #: the exit statuses of every ``ptdbg`` command
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
-EXIT_STATUS = """exit status (compare, compare --distributed, parse, replay):
+EXIT_STATUS = """exit status (compare, compare --distributed, check-ranks, parse, replay):
   0  compared and agreed (parse: the records were found and read cleanly)
   1  compared and found a precision problem, or the dumps hold unusable data
      (incomplete dump, unreadable records or files, a rank missing on one side)
@@ -35,6 +35,8 @@ SUBCOMMANDS: Dict[str, Tuple[str, str, str]] = {
                 "compare two dumps API by API and name the API that first loses precision"),
     "parse": ("pytest_ptdbg.cli:add_parse_parser", "add_parser",
               "print the stack and statistics of the records of one API"),
+    "check-ranks": ("pytest_ptdbg.cli:add_check_ranks_parser", "add_parser",
+                    "check that one run's ranks agree (collective outputs, updated parameters)"),
     "replay": ("pytest_ptdbg.cli.replay:add_parser", "add_parser",
                "run one saved API call again and compare with the saved result"),
     "demo": ("pytest_ptdbg.cli.demo:main", "main", "dump one training step of an example model"),
@@ -171,6 +173,46 @@ def run_compare(args: argparse.Namespace) -> int:
         why = f"; {r.advice.programs}{why}"
     print(f"ptdbg compare: {state}: {len(r.table)} rows{who}{why}; {r.csv_path}")
     return EXIT_OK if r.passed else EXIT_FAILED
+
+
+def add_check_ranks_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("check-ranks", help=SUBCOMMANDS["check-ranks"][2], epilog=EXIT_STATUS,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Check one data-parallel run's ranks against each other (no bench): the "
+                                   "outputs of all_reduce, broadcast and all_gather, the optimizer's tensors "
+                                   "and the updated parameters must be identical on every rank. Names the "
+                                   "first rank, call and tensor that differ from the others, and by how much.")
+    p.add_argument("step_dir", help="step folder of rank<N> folders (or a dump_path holding one step)")
+    p.add_argument("-o", "--output", default="./output", help="output folder (default ./output)")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks the step must hold (default: inferred from the folders and all_gather)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the result line")
+    p.set_defaults(func=run_check_ranks)
+    return p
+
+
+def run_check_ranks(args: argparse.Namespace) -> int:
+    from pytest_ptdbg.api import check_ranks
+
+    try:
+        if args.world_size is not None and args.world_size < 1:
+            raise ValueError(f"--world-size {args.world_size}: must be at least 1")
+        check_input(args.step_dir)
+        res = check_ranks(step_folder(args.step_dir), args.output, world_size=args.world_size)
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as e:
+        print(f"ptdbg check-ranks: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.quiet:
+        first = res.first
+        who = f"; first divergence: rank{first.rank} {first.api} {first.slot}" if first is not None else ""
+        why = f"; problem: {res.problems[0]}" if res.problems else ""
+        print(f"ptdbg check-ranks: {'PASSED' if res.passed else 'FAILED'}{who}{why}; {res.text_path}")
+    else:
+        print(res.summary(), end="")
+        print(f"reports: {res.text_path} {res.json_path}")
+    return EXIT_OK if res.passed else EXIT_FAILED
 
 
 def add_parse_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
