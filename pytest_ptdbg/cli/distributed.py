@@ -35,7 +35,7 @@ import re
 import signal
 import socket
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 TEST_EXIT_ENV = "PTDBG_DIST_TEST_EXIT_PROCESS"
@@ -49,10 +49,10 @@ class Terminated(BaseException):
     """SIGTERM arrived (the launcher stops the job)."""
 
 
-def launched(env: Optional[Dict[str, str]] = None) -> bool:
+def launched(env: Optional[Mapping[str, str]] = None) -> bool:
     """True when a launcher (torchrun and the like) started this process."""
-    env = os.environ if env is None else env
-    return all(env.get(k) for k in LAUNCHER_ENV)
+    e: Mapping[str, str] = os.environ if env is None else env
+    return all(e.get(k) for k in LAUNCHER_ENV)
 
 
 @dataclass
@@ -65,10 +65,10 @@ class Process:
     local_world: int
 
     @classmethod
-    def from_env(cls, env: Optional[Dict[str, str]] = None) -> "Process":
-        env = os.environ if env is None else env
-        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
-        return cls(rank, world, int(env.get("LOCAL_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", "1")))
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Process":
+        e: Mapping[str, str] = os.environ if env is None else env
+        rank, world = int(e["RANK"]), int(e["WORLD_SIZE"])
+        return cls(rank, world, int(e.get("LOCAL_RANK", "0")), int(e.get("LOCAL_WORLD_SIZE", "1")))
 
 
 # ------------------------------------------------------------------------------------ rank folders
@@ -384,7 +384,7 @@ def run(npu_step: str, bench_step: str, output_path: str, options: Any, timeout_
             summary["ranks"] = sorted(assignment.ranks)
             compare_assigned(assignment, output_path, run_stem, options, proc, done)
         except Terminated:
-            summary["error"] = "terminated (SIGTERM) before its ranks were compared"
+            summary["error"] = "terminated (SIGTERM) before all its ranks were compared"
         except (OSError, ValueError) as e:
             summary["error"] = " ".join(str(e).split())
         write_process_file(output_path, run_stem, summary)

@@ -136,7 +136,7 @@ def test_a_process_that_dies_mid_compare_is_named_and_nothing_hangs(sides, tmp_p
     assert 2 in merged["lost_processes"] and "process 2" in text
 
 
-def test_without_a_launcher_it_is_the_local_compare(sides, tmp_path):
+def test_launcher_detection_and_the_template_split(sides, tmp_path):
     assert not distributed.launched({"RANK": "0", "WORLD_SIZE": "1"})
     assert distributed.launched({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
     proc = distributed.Process(rank=1, world=4, local_rank=1, local_world=4)
