@@ -143,3 +143,14 @@ def test_launcher_detection_and_the_template_split(sides, tmp_path):
     a = distributed.assign(proc, sides["clean"], sides["bench"], TEMPLATE, n_ranks=None)
     assert sorted(a.ranks) == [1, 5, 9, 13] and all(n and b for n, b, _ in a.ranks.values())
     assert distributed.template_ranks(TEMPLATE, sides["clean"]) == list(range(N_RANKS))
+
+
+def test_merge_names_ranks_no_process_reported():
+    ok = [distributed.rank_summary(r, "d", "b", state="passed") for r in (0, 1, 2)]
+    for r in ok:
+        r["state"] = "passed"
+    merged = distributed.merge({0: {"process": 0, "ranks": [0, 1, 2], "results": ok}}, 1, 5, [0])
+    assert merged["failing_ranks"] == [3, 4] and not merged["passed"]
+    assert {x["state"] for x in merged["ranks"][3:]} == {"missing"}
+    lost = distributed.merge({0: {"process": 0, "ranks": [0, 1], "results": ok[:2]}, 1: None}, 2, None, [0])
+    assert lost["lost_processes"] == [1] and lost["expected_ranks"] == 2 and not lost["passed"]
