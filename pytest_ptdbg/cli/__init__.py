@@ -81,6 +81,16 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
     p.add_argument("--stack", action="store_true", help="add NPU_Stack_Info to the CSV (stack_mode)")
     p.add_argument("--distributed", action="store_true",
                    help="NPU and bench are step folders of rank<N> folders: compare rank by rank")
+    p.add_argument("--ranks", type=int, default=None, metavar="N",
+                   help="--distributed under a launcher: the job had ranks 0..N-1 (default: the largest "
+                        "rank found + 1); a rank no process compares fails")
+    p.add_argument("--rank-path-template", default=None, metavar="TEMPLATE",
+                   help="--distributed under a launcher: where rank folders are, e.g. "
+                        "'{root}/node*/rank{rank}' ({root}: NPU, or BENCH for the bench side; shell "
+                        "wildcards allowed); ranks 0..N-1 are then split over all processes")
+    p.add_argument("--dist-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="--distributed under a launcher: timeout of the process group's start and of "
+                        "each collective (default 300)")
     p.add_argument("--no-replay", action="store_true",
                    help="do not replay the calls from the saved inputs: judge from statistics "
                         "(no torch needed)")
@@ -142,6 +152,8 @@ def run_compare(args: argparse.Namespace) -> int:
         options = CompareOptions(stack_mode=args.stack, fuzzy_match=args.fuzzy, rule=args.rule,
                                  replay_check=not args.no_replay, log=not args.quiet,
                                  summary_compare=True if args.summary else None)
+        if args.distributed and _launched():
+            return _run_launched(args, options)
         for path in (args.npu, args.bench):
             check_input(path)
         if args.distributed:
@@ -213,6 +225,33 @@ def run_check_ranks(args: argparse.Namespace) -> int:
         print(res.summary(), end="")
         print(f"reports: {res.text_path} {res.json_path}")
     return EXIT_OK if res.passed else EXIT_FAILED
+
+
+def _launched() -> bool:
+    from pytest_ptdbg.cli.distributed import launched
+
+    return launched()
+
+
+def _run_launched(args: argparse.Namespace, options: Any) -> int:
+    """``compare --distributed`` in one process of a launcher's job (``cli/distributed.py``)."""
+    from pytest_ptdbg.cli import distributed
+
+    template = args.rank_path_template
+    if template is not None and "{rank}" not in template:
+        raise ValueError(f"--rank-path-template {template!r}: must hold {{rank}}")
+    npu, bench = args.npu, args.bench
+    if template is None:   # this node's step folders; a node without one has no rank to compare
+        npu, bench = (step_folder(p) if os.path.isdir(p) else p for p in (npu, bench))
+    try:
+        status, merged = distributed.run(npu, bench, args.output, options, timeout_s=args.dist_timeout,
+                                         template=template, n_ranks=args.ranks)
+    except RuntimeError as e:   # the process group could not start (torch.distributed's errors)
+        print(f"ptdbg compare: error: --distributed: {_one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    if merged is not None:
+        print(merged["text"], end="", flush=True)
+    return status
 
 
 def add_parse_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
