@@ -34,6 +34,7 @@ import os
 import re
 import signal
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -295,6 +296,16 @@ def merge(processes: Dict[int, Optional[Dict[str, Any]]], world: int, n_ranks: O
             "ranks": ordered}
 
 
+def _peak_rss_mib() -> Optional[float]:
+    """This process's peak resident memory in MiB (None where the platform does not say)."""
+    try:
+        import resource
+
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+    except (ImportError, OSError, ValueError):
+        return None
+
+
 def merged_text(m: Dict[str, Any], npu_step: str, bench_step: str) -> str:
     lines = [f"compare --distributed (launcher, {m['world_size']} process(es)): {m['expected_ranks']} rank(s); "
              f"device {npu_step}, bench {bench_step}"]
@@ -387,6 +398,7 @@ def run(npu_step: str, bench_step: str, output_path: str, options: Any, timeout_
             summary["error"] = "terminated (SIGTERM) before all its ranks were compared"
         except (OSError, ValueError) as e:
             summary["error"] = " ".join(str(e).split())
+        summary["peak_rss_mib"] = _peak_rss_mib()
         write_process_file(output_path, run_stem, summary)
         gathered: Optional[List[Any]] = [None] * proc.world if proc.rank == 0 else None
         try:
@@ -403,8 +415,13 @@ def run(npu_step: str, bench_step: str, output_path: str, options: Any, timeout_
         for p in range(proc.world):
             if p not in processes:
                 processes[p] = read_process_file(output_path, run_stem, p)
+        t0 = time.perf_counter()
         merged = merge(processes, proc.world, n_ranks, sorted(heard))
         text = merged_text(merged, npu_step, bench_step)
+        merged["measured"] = {  # what the scale benchmark reads (benchmarks/bench_distributed.py)
+            "gathered_bytes": sum(len(json.dumps(v)) for v in processes.values() if v is not None),
+            "peak_rss_mib": {str(p): (v or {}).get("peak_rss_mib") for p, v in sorted(processes.items())},
+            "merge_s": time.perf_counter() - t0}
         names = {"txt": ("distributed_summary", "txt"), "json": ("distributed_summary", "json"),
                  "html": ("distributed_summary", "html")}
         with outputs.ReportSet(output_path, names, "", run_stem) as files:

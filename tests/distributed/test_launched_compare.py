@@ -120,6 +120,10 @@ def test_all_clean_over_two_nodes_passes_with_each_node_listing_its_own_folder(s
     merged, text = _merged(tmp_path / "out")
     assert merged["passed"] and merged["expected_ranks"] == N_RANKS and not merged["failing_ranks"]
     assert {x["process"] for x in merged["ranks"]} == {0, 1, 2, 3}
+    # what the scale benchmark reads: each process's peak memory, what was gathered, the merge time
+    m = merged["measured"]
+    assert sorted(m["peak_rss_mib"]) == ["0", "1", "2", "3"] and all(v > 10 for v in m["peak_rss_mib"].values())
+    assert 0 < m["gathered_bytes"] < 100_000 and 0 <= m["merge_s"] < 5
     assert "All ranks agree." in text
 
 
