@@ -283,13 +283,18 @@ def merge(processes: Dict[int, Optional[Dict[str, Any]]], world: int, n_ranks: O
                                            error=f"rank{rank}: no rank folder on any node, on either side")
     ordered = [ranks[k] for k in sorted(ranks)]
     failing = [r["rank"] for r in ordered if r["state"] != PASSED]
+    # a process that failed before or while it compared (its step folder unreadable...): the ranks
+    # it would have compared are unknown, so the job cannot pass
+    process_errors = {str(p): s["error"] for p, s in sorted(processes.items())
+                      if isinstance(s, dict) and s.get("error")}
     first = None
     for r in ordered:
         if r["state"] == FAILED and r["first_call"] is not None:
             if first is None or r["first_call"]["order"] < first["first_call"]["order"]:
                 first = r
-    return {"world_size": world, "expected_ranks": n, "passed": not failing and not lost_processes and n > 0,
-            "failing_ranks": failing, "lost_processes": lost_processes,
+    return {"world_size": world, "expected_ranks": n,
+            "passed": not failing and not lost_processes and not process_errors and n > 0,
+            "failing_ranks": failing, "lost_processes": lost_processes, "process_errors": process_errors,
             "gathered_from": sorted(heard_from),
             "first_divergent": ({"rank": first["rank"], "api": first["first_call"]["api"],
                                  "order": first["first_call"]["order"]} if first else None),
@@ -327,13 +332,17 @@ def merged_text(m: Dict[str, Any], npu_step: str, bench_step: str) -> str:
     if m["lost_processes"]:
         lines.append("Lost processes (no summary gathered, no file): "
                      + ", ".join(f"process {p}" for p in m["lost_processes"]))
+    for p, err in m.get("process_errors", {}).items():
+        lines.append(f"Process {p} failed: {err}")
     if m["failing_ranks"]:
         lines.append("Failing ranks: " + ", ".join(f"rank{r}" for r in m["failing_ranks"]))
     f = m["first_divergent"]
     if f:
         lines.append(f"First divergent (earliest in execution order): rank{f['rank']}: {f['api']}")
     lines.append("All ranks agree." if m["passed"] else
-                 f"FAILED: {m['expected_ranks'] - len(m['failing_ranks'])} of {m['expected_ranks']} rank(s) pass.")
+                 f"FAILED: {m['expected_ranks'] - len(m['failing_ranks'])} of {m['expected_ranks']} rank(s) pass"
+                 + (f"; {len(m.get('process_errors', {}))} process(es) failed" if m.get("process_errors") else "")
+                 + ".")
     return "\n".join(lines) + "\n"
 
 

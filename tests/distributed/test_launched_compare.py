@@ -158,3 +158,16 @@ def test_merge_names_ranks_no_process_reported():
     assert {x["state"] for x in merged["ranks"][3:]} == {"missing"}
     lost = distributed.merge({0: {"process": 0, "ranks": [0, 1], "results": ok[:2]}, 1: None}, 2, None, [0])
     assert lost["lost_processes"] == [1] and lost["expected_ranks"] == 2 and not lost["passed"]
+
+
+def test_a_process_that_failed_before_comparing_fails_the_job_even_when_every_rank_seen_passed():
+    """Process 1 could not list its node's step folder (an error before any rank was assigned): the
+    ranks it would have compared are unknown, so the merged verdict cannot be green."""
+    ok = [distributed.rank_summary(r, "d", "b", state="passed") for r in (0, 1)]
+    procs = {0: {"process": 0, "ranks": [0, 1], "results": ok, "error": ""},
+             1: {"process": 1, "ranks": [], "results": [], "error": "/node1/step0: not a step folder"}}
+    merged = distributed.merge(procs, 2, None, [0, 1])
+    assert not merged["failing_ranks"] and not merged["passed"]
+    assert merged["process_errors"] == {"1": "/node1/step0: not a step folder"}
+    text = distributed.merged_text(merged, "dev", "bench")
+    assert "Process 1 failed: /node1/step0: not a step folder" in text and "1 process(es) failed" in text
