@@ -403,6 +403,10 @@ def check_ranks(step_dir: str, world_size: Optional[int] = None, collectives: bo
         res.tensors_checked += 1
         res.divergences += _check_slot(s, recs, stats_only, problems)
     res.divergences.sort(key=lambda d: (d.order, d.slot, d.rank))
+    if res.tensors_checked == 0 and len(dumps) >= 2:   # green must mean compared and agreed
+        problems.append(f"{step_dir}: nothing to check: no collective output, optimizer tensor or updated "
+                        "parameter is recorded on two ranks or more (a dump without collectives or "
+                        "optimizer step, or a scope that left them out)")
     return res
 
 

@@ -142,3 +142,18 @@ def test_cli_check_ranks_exit_status_and_reports(steps, tmp_path, capsys):
     assert failed["first"]["rank"] == PLANTED and failed["first"]["api"] == "Distributed_all_reduce_0_forward"
     assert failed["diverging_ranks"] == [PLANTED]
     assert cli_main(["check-ranks", str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_step_with_nothing_to_check_across_ranks_never_passes(tmp_path):
+    """Two ranks of a step with no collective and no optimizer step (a forward only): nothing was
+    compared, so the check cannot say the ranks agree."""
+    import example_models as em
+    from real_dumps import dump_user_step
+
+    model, batch = em.mlp(seed=0)
+    dump_user_step(str(tmp_path / "d"), lambda: model.loss(batch))
+    step = os.path.dirname(records.rank_dir(str(tmp_path / "d"), 0))
+    shutil.copytree(os.path.join(step, "rank0"), os.path.join(step, "rank1"))
+    res = check_ranks(step)
+    assert res.tensors_checked == 0 and not res.passed
+    assert any("nothing to check" in p for p in res.problems)
