@@ -157,6 +157,10 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
             causes[rc.api] = rc
 
     bad_rows: List[str] = []
+    npu_nonfinite = np.nan_to_num(t.floats(S.NPU_NONFINITE), nan=0.0)
+    bench_nonfinite = np.nan_to_num(t.floats(S.BENCH_NONFINITE), nan=0.0)
+    bench_update_nonfinite = any(code_path[i].strip().lower() == OPTIMIZER_UPDATE and bench_nonfinite[i] > 0
+                                 for i in range(n) if not paired[i])
     judged_by_replay = {v.api for v in replay.verdicts if v.status != Status.NOT_JUDGED} if replay else set()
     seen_update: set = set()
     unjudged_update: Dict[str, None] = {}   # statistics only: the device's update calls, in order
@@ -179,6 +183,10 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
             # pass only where the replay judged them (their own error, against a float64 oracle)
             if side == "NPU" and replay is None:
                 unjudged_update.setdefault(apis[i], None)
+                if npu_nonfinite[i] > 0 and not bench_update_nonfinite:
+                    # statistics judge an update for NaN/Inf: one the bench's update does not make
+                    add(Finding(apis[i], direction[i], Cause.NONFINITE, Evidence.TABLE, int(order[i]),
+                                first_row.get(apis[i], i), family[i], math.inf, ctx=ctx[i], tensor=npu_name[i]))
             elif side == "NPU" and apis[i] not in judged_by_replay and apis[i] not in seen_update:
                 seen_update.add(apis[i])
                 bad_rows.append(f"CSV line {i + 2}: {apis[i]}: the optimizer's update on the device side "

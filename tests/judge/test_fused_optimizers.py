@@ -111,6 +111,24 @@ def test_statistics_only_the_fused_update_passes_named_as_not_judged(tmp_path, c
     assert any("Torch__fused_adamw__0_forward" in n for n in r.judgement.notes), r.judgement.notes
 
 
+def test_statistics_only_a_fused_update_making_nan_is_a_root_cause(tmp_path, compare_pair):
+    """Statistics judge an optimizer update for NaN/Inf: a fused update that makes NaN parameters the
+    bench's update does not make fails, named, even without a replay."""
+    def nan_lr(fused):
+        def run(params, *a, **kw):
+            kw["lr"] = float("nan")
+            return fused(params, *a, **kw)
+        return run
+
+    with patched(torch, "_fused_adamw_", nan_lr(torch._fused_adamw_)):
+        device = _dump(tmp_path / "device", "mlp", "adamw", "fused")
+    bench = _dump(tmp_path / "bench", "mlp", "adamw", "loop")
+    r = compare_pair(device, bench, summary_compare=True, replay_check=False)
+    assert not r.judgement.passed
+    first = r.judgement.root_causes[0]
+    assert first.api == "Torch__fused_adamw__0_forward" and str(first.category) == "NaN/Inf origin", r.judgement.text()
+
+
 @pytest.mark.parametrize("spelling", ["fused", "foreach"])
 def test_parameters_read_after_a_fused_update_are_recorded_as_updated(tmp_path, spelling, monkeypatch):
     """torch's ``_fused_adamw_`` writes the parameters without bumping their version counters (the
