@@ -507,8 +507,9 @@ class StatsCache:
         except Exception:
             return None
 
-    def _lookup(self, t: torch.Tensor) -> Tuple[TensorStats, Any]:
-        """``(statistics, key)``; key is None for tensors that are never cached."""
+    def _lookup(self, t: torch.Tensor, hold: bool = True) -> Tuple[TensorStats, Any]:
+        """``(statistics, key)``; key is None for tensors that are never cached. ``hold``: keep
+        ``t`` among the recent tensors (held strongly, see ``__init__``)."""
         ident = self._ident(t)
         if ident is None:
             self.last_hit = False
@@ -529,7 +530,8 @@ class StatsCache:
             d[key] = (weakref.ref(t), ver, st, None)
         except TypeError:
             return st, None
-        self._recent.append(t)
+        if hold:
+            self._recent.append(t)
         return st, key
 
     def peek(self, t: torch.Tensor) -> Optional[TensorStats]:
@@ -568,9 +570,12 @@ class StatsCache:
         Autograd hands the gradient object to the hook, then stores (a view of) its memory as
         ``leaf.grad``; the hook's object is gone by the time the optimizer reads ``leaf.grad``.
         The entry stays valid while ``leaf.grad`` still holds that memory (so it cannot have been
-        reused) and the version counter is unchanged.
+        reused) and the version counter is unchanged. Such a gradient is not held strongly: a
+        reference autograd does not expect makes ``AccumulateGrad`` copy the gradient into a new
+        ``leaf.grad`` instead of taking it (a copy of the data plain torch never makes, and a
+        ``.grad`` this entry then cannot vouch for).
         """
-        st, key = self._lookup(grad)
+        st, key = self._lookup(grad, hold=leaf is None)
         if leaf is not None and key is not None:
             e = self._d.get(key)
             if e is not None and e[2] is st:

@@ -949,13 +949,20 @@ class DumpSink(Sink):
                     # more are offered to the cache.
                     big = n >= cache.min_numel
                     dk = cache.data_key(v) if big else None
+                    held = v
                     if grad:
                         data = v.detach().clone() if v.requires_grad else v.clone()
+                        if leaf is not None and _leaf_of(*leaf) is not None:
+                            # a parameter's gradient, on its way to AccumulateGrad: not held (a
+                            # reference it does not expect makes it copy instead of take it) and
+                            # recorded once (no later call receives it)
+                            held = None
                     else:
                         data = v.detach()
                     h = [data, None, None, dk, _ref(v) if big else None, ver, None, None if grad else v,
-                         v.data_ptr(), v]
-                    self._ids[id(v)] = h
+                         v.data_ptr(), held]
+                    if held is not None:
+                        self._ids[id(v)] = h
                     if big:
                         self._keyed.setdefault(dk, []).append(h)
                     self._snaps.append(h)

@@ -237,3 +237,39 @@ def test_node_taps_checked_on_the_learned_edges_equal_walked_taps(tmp_path, mode
     checked, walked = ([x for x in d if "_stack_info" not in x] for d in (checked, walked))
     assert checked == walked
     assert sum("backward_output" in x for x in checked) > 10
+
+
+@pytest.mark.parametrize("width", [8, 512], ids=["small", "large"])
+def test_parameter_gradients_are_taken_by_autograd_as_without_the_debugger(tmp_path, width):
+    """Recording a parameter's gradient holds no reference autograd does not expect: as in plain
+    torch, ``AccumulateGrad`` takes the gradient itself as ``.grad`` (no copy, version 0), so the
+    optimizer's read of it is the data already measured, and its record equals the backward's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
+    x = torch.randn(4, width)
+    versions: list = []
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        versions.append([p.grad._version for p in model.parameters()])
+        opt.step()
+
+    step()
+    plain = versions.pop()
+    dbg = PrecisionDebugger(dump_path=str(tmp_path), hook_name="dump", step=None)
+    dbg.configure_hook(mode="api_stack", summary_only=True)
+    for _ in range(3):  # the later steps run with capture's learned taps and a warm cache
+        dbg.start()
+        step()
+        dbg.stop()
+        dbg.step()
+    assert plain == [0, 0, 0, 0] and versions == [plain] * 3
+    pkl = os.path.join(str(tmp_path), "ptdbg_dump_v4.0", "step2", "rank0", "api_stack_dump.pkl")
+    with open(pkl) as f:
+        recs = {r[0]: r for r in map(json.loads, f) if "stack_info" not in r[0]}
+    # SGD updates in the parameters' order: the first layer's weight, bias, then the second's
+    for k, layer in enumerate((0, 0, 1, 1)):
+        assert recs[f"Tensor_add__{k}_forward_input.1"][3:6] == \
+            recs[f"Functional_linear_{layer}_backward_output.{1 + k % 2}"][3:6]
