@@ -293,6 +293,68 @@ def encode_call_json(args: tuple, kwargs: Mapping[str, Any], modes: Optional[Dic
     return text + "}"
 
 
+#: a call's argument structure (see :func:`_call_key`) -> its call spec text, for calls without modes
+_SPEC_TEXT: Dict[tuple, str] = {}
+_SPEC_TEXT_MAX = 4096
+#: what a plain row-major tensor argument contributes to a call key (its spec names only its position)
+_TENSOR_KEY = ("tensor",)
+_Param = torch.nn.Parameter
+_KEYED_SCALARS = (int, bool, str, type(None))
+
+
+def _value_key(v: Any) -> Any:
+    """The part of a call key for argument ``v``, or None when its spec text is not cached: a plain
+    contiguous tensor (its spec names only its position), or a number, flag, string or None by type
+    and value. A float zero (whose sign the key would lose), NaN, Inf, lists and anything else are
+    not cached."""
+    tv = type(v)
+    if tv is _Tensor or tv is _Param:
+        return _TENSOR_KEY if v.layout is _STRIDED and v.is_contiguous() else None
+    if tv is float:
+        return (tv, v) if v != 0.0 and v - v == 0.0 else None
+    if tv in _KEYED_SCALARS:
+        return (tv, v)
+    return None
+
+
+def _call_key(args: tuple, kwargs: Mapping[str, Any]) -> Optional[tuple]:
+    """What :func:`encode_call_json` of ``args``/``kwargs`` depends on, as a dict key, or None."""
+    parts = []
+    for v in args:
+        k = _value_key(v)
+        if k is None:
+            return None
+        parts.append(k)
+    if kwargs:
+        parts.append(tuple(kwargs))
+        for v in kwargs.values():
+            k = _value_key(v)
+            if k is None:
+                return None
+            parts.append(k)
+    return tuple(parts)
+
+
+def call_json(args: tuple, kwargs: Mapping[str, Any], modes: Optional[Dict[str, Any]] = None) -> str:
+    """:func:`encode_call_json`, remembered per argument structure for calls without math modes
+    whose arguments are plain tensors and scalars (the same text: a call repeated in a loop
+    encodes once)."""
+    if modes is None:
+        try:
+            key = _call_key(args, kwargs)
+        except Exception:  # noqa: BLE001 - a tensor kind without a layout or strides: not cached
+            key = None
+        if key is not None:
+            text = _SPEC_TEXT.get(key)
+            if text is None:
+                text = encode_call_json(args, kwargs, None)
+                if len(_SPEC_TEXT) >= _SPEC_TEXT_MAX:
+                    _SPEC_TEXT.clear()
+                _SPEC_TEXT[key] = text
+            return text
+    return encode_call_json(args, kwargs, modes)
+
+
 _autocast_on = torch._C._is_any_autocast_enabled
 _mkldnn_on = torch._C._get_mkldnn_enabled
 

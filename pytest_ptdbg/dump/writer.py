@@ -37,7 +37,7 @@ import torch
 
 from pytest_ptdbg.capture.isolation import isolated
 from pytest_ptdbg.capture.sink import ApiCall, Sink, iter_tensors, report_internal_error
-from pytest_ptdbg.dump.call_spec import encode_call_json, first_tensor, math_modes, number_sequence, sequence_tensor
+from pytest_ptdbg.dump.call_spec import call_json, first_tensor, math_modes, number_sequence, sequence_tensor
 from pytest_ptdbg.dump.select import Selector, filtered_out
 from pytest_ptdbg.format import manifest, records
 from pytest_ptdbg.runtime.environment import arithmetic_environment
@@ -1106,7 +1106,7 @@ class DumpSink(Sink):
                 args, kwargs = call.args, call.kwargs
                 try:
                     fam = _FP32_FAMILY.get((call.api_type, call.api_name))
-                    spec = encode_call_json(args, kwargs, math_modes(args, kwargs, fam))
+                    spec = call_json(args, kwargs, math_modes(args, kwargs, fam))
                     if fam is not None:
                         self._computed_on(args, kwargs)
                 except Exception as e:  # pragma: no cover - never let the spec break a run

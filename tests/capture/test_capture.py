@@ -14,7 +14,7 @@ from torch import relu as captured_relu  # captured before any debugger starts
 from example_models import lstm, mlp, train_step
 from pytest_ptdbg import PrecisionDebugger
 from pytest_ptdbg.capture import names
-from pytest_ptdbg.dump.call_spec import encode_call, encode_call_json
+from pytest_ptdbg.dump.call_spec import call_json, encode_call, encode_call_json
 from pytest_ptdbg.errors import NotReplayable
 from pytest_ptdbg.replayer.arguments import decode_call
 from pytest_ptdbg.capture.engine import CaptureEngine
@@ -340,6 +340,24 @@ def test_call_spec_json_text_of_awkward_values():
     text = encode_call_json(args, kwargs)
     assert text == json.dumps(encode_call(args, kwargs), separators=(", ", ": "))
     assert json.loads(text)["args"][1] == [{"t": "input.1.0"}, {"tuple": [{"t": "input.1.1.0"}, 2]}]
+
+
+def test_call_spec_text_remembered_per_structure_is_the_text_of_each_call():
+    """``call_json`` (what the dump writes) remembers the text per argument structure: calls that
+    differ only where the text differs (the sign of a zero, 1 vs 1.0 vs True, a strided tensor,
+    keyword names and order) each get their own text, called in any order."""
+    x = torch.ones(2, 3)
+    p = torch.nn.Parameter(torch.ones(2))
+    calls = [((x, 1.0), {}), ((x, 1), {}), ((x, True), {}), ((x, 0.0), {}), ((x, -0.0), {}),
+             ((x, float("nan")), {}), ((x, float("-inf")), {}), ((x.t(), 1.0), {}), ((x[:, ::2],), {}),
+             ((p, "mean"), {}), ((x, None), {}), ((x,), {"dim": 1, "keepdim": True}),
+             ((x,), {"keepdim": True, "dim": 1}), ((x,), {"dim": -1, "keepdim": True}), ((x, [1, 2]), {}),
+             ((x, 2**70), {}), ((x, 1e-300), {}), ((torch.ones(2).to_sparse(),), {})]
+    for order in (calls, calls[::-1], calls + calls):
+        for args, kwargs in order:
+            assert call_json(args, kwargs) == encode_call_json(args, kwargs), (args, kwargs)
+    modes = {"autocast": "torch.bfloat16"}
+    assert call_json((x, 1.0), {}, modes) == encode_call_json((x, 1.0), {}, modes) != call_json((x, 1.0), {})
 
 
 def test_call_spec_unreplayable_values():
