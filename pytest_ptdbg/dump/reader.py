@@ -14,11 +14,12 @@ refused by ``fstat`` before any read), lines are bounded in length and JSON nest
 from __future__ import annotations
 
 import json
+import json.scanner
 import os
 import re
 import stat as _stat
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 from pytest_ptdbg.format import records
 from pytest_ptdbg.runtime.gc_pause import paused_gc
@@ -245,6 +246,8 @@ class _Builder:
         self.pool: Optional[Dict[Any, Any]] = {}
         #: ``id(extra) -> (extra, its kept form)`` of the fast path's shared extras
         self.kept_of: Dict[int, Tuple[dict, dict]] = {}
+        #: :func:`_add_fast`'s ``(dtype, shape text, extra text) -> what records spelling them share``
+        self.shared: Dict[Tuple[str, str, str], Any] = {}
         #: worth saying, fails nothing (a malformed dataflow field, ignored)
         self.notes: List[str] = []
         self._root: Optional[str] = None   # realpath of data_dir, resolved once (for symlinks)
@@ -464,6 +467,8 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str], check_files: bool = False,
             if isinstance(rec, list) and len(rec) > 6 and isinstance(rec[6], dict):
                 ours = True
             try:
+                if fast.key is not None and _add_fast(b, rec, fast.key, fast.src, lineno, names):
+                    continue
                 _add_ptdbg_record(b, rec, lineno, stacks, names, fast.src if fast.hit else None, fast.hit)
                 if skey is not None and records.is_stack_record(rec):
                     stack_cache[skey] = stacks[rec[0][: -len(records.STACK_SUFFIX)]]
@@ -500,6 +505,9 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str], check_files: bool = False,
 #: ``0``/``1``, ``[]``, the shape, the statistics (numbers only) and the optional extra object
 _RECORD_LINE = re.compile(r'\["([^"\\\x00-\x1f]*)", ([01]), \[\], "([^"\\\x00-\x1f]*)", (\[[0-9, ]*\]), '
                           r'(\[[^\[\]{}"\\]*\])(?:, (\{.*\}))?\]\n?\Z', re.S)
+#: ``(value, end)`` of the JSON value starting at an index of a text (``json.loads``'s scanner;
+#: StopIteration where none starts there)
+_SCAN: Callable[[str, int], Tuple[Any, int]] = json.scanner.make_scanner(cast(Any, json.JSONDecoder()))
 #: distinct extras (without a data file name) and shapes remembered by their text, at most this many
 FAST_CACHE_MAX = 1 << 16
 
@@ -514,7 +522,7 @@ class _FastLines:
     the last line was parsed here (its nesting is checked here: the extra at most
     ``MAX_DEPTH - 1`` deep)."""
 
-    __slots__ = ("shapes", "extras", "hit", "src")
+    __slots__ = ("shapes", "extras", "hit", "src", "key")
 
     def __init__(self) -> None:
         self.shapes: Dict[str, Any] = {}
@@ -522,6 +530,10 @@ class _FastLines:
         self.hit = False
         #: the last line's call-spec dataflow (``"src"``), split off its extra (see :func:`_split_src`)
         self.src: Any = None
+        #: the last line's ``(dtype, shape text, extra text without "src")`` when it has an extra
+        #: naming no data file and its "src" (if any) was split off, else None: what the record
+        #: shares with the records spelling these three alike (:func:`_add_fast`)
+        self.key: Optional[Tuple[str, str, str]] = None
 
     def parse(self, line: str) -> Optional[list]:
         rec = self.parse_split(line)
@@ -537,6 +549,7 @@ class _FastLines:
         (the extra is the spec without it, shared by the records spelling it alike)."""
         self.hit = False
         self.src = None
+        self.key = None
         m = _RECORD_LINE.match(line)
         if m is None:
             return None
@@ -548,7 +561,12 @@ class _FastLines:
                 if len(self.shapes) >= FAST_CACHE_MAX:
                     self.shapes.clear()
                 self.shapes[shape_text] = shape
-            stats = json.loads(stats_text)
+            try:   # json.loads's own scanner, without its wrapper (the text starts with "[")
+                stats, end = _SCAN(stats_text, 0)
+            except StopIteration:
+                return None
+            if end != len(stats_text):
+                return None
             if extra_text is None:
                 self.hit = True
                 return [name, int(flag), [], dtype, shape, stats]
@@ -569,7 +587,16 @@ class _FastLines:
                 if next(reversed(extra), None) != "call" or not isinstance(extra["call"], dict) \
                         or "src" in extra["call"]:
                     return None   # not the call spec's own last member: the whole line is parsed
-                self.src = json.loads(src_text)
+                try:
+                    self.src, end = _SCAN(src_text, 0)
+                except StopIteration:
+                    return None
+                if end != len(src_text):
+                    return None
+            if '"npy"' not in extra_text and (src_text is not None or '"src"' not in extra_text):
+                # no data file; no dataflow left in the spec (split off, or none: a "src" anywhere
+                # else, e.g. scatter's keyword, leaves the record to the checked path)
+                self.key = (dtype, shape_text, extra_text)
         except (ValueError, RecursionError):
             return None    # the whole line's json.loads says why
         self.hit = True
@@ -743,6 +770,76 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         if b.files is None or (t.data_file is None and npy not in b.files):
             b.absent.append(npy)
 
+
+def _shared_part(b: _Builder, rec: list) -> Any:
+    """What every record spelling this dtype, shape and extra alike shares, as
+    :func:`_add_ptdbg_record` would make it: ``(dtype, shape, kept extra, whether the call spec
+    is malformed, context)`` (the dtype, shape and extra pooled), or False for a record without
+    an extra (its data file is looked up), or naming a file or a dataflow: the checked path."""
+    extra = rec[6] if len(rec) > 6 else None
+    if not isinstance(extra, dict) or not extra or "npy" in extra or (
+            isinstance(extra.get("call"), dict) and "src" in extra["call"]):
+        return False   # (a key spelled with escapes, which the texts' checks do not see)
+    pool = b.pool if b.pool is not None else {}
+    dtype = pool.setdefault(rec[3], rec[3])
+    shape = tuple(rec[4])   # (ints: the fast path's shape pattern)
+    shape = pool.setdefault(shape, shape)
+    kept = extra
+    if "call" not in extra and len(extra) <= 8:
+        try:
+            items = ("extra",) + tuple(extra.items())
+            shared = pool.get(items)
+            if shared is None:
+                shared = pool[items] = dict(extra)
+            kept = shared
+        except TypeError:   # an unhashable value: kept as it is
+            kept = extra
+    bad_call = "call" in extra and bool(call_problem(extra["call"]))
+    ctx = str(extra["ctx"]) if extra.get("ctx") else ""
+    return dtype, shape, kept, bad_call, ctx
+
+
+def _add_fast(b: _Builder, rec: list, key: Tuple[str, str, str], src: Any, lineno: int,
+              names: Dict[str, Tuple[records.ParsedName, str]]) -> bool:
+    """Add a tensor record :class:`_FastLines` parsed whose extra names no data file (``key``:
+    its dtype, shape and extra texts), exactly as :func:`_add_ptdbg_record` would, with what
+    depends on ``key`` alone (:func:`_shared_part`) worked out once per distinct key. False,
+    nothing added: not such a record (its name does not split quickly, a stack record's name, no
+    extra); the checked path takes it."""
+    name = rec[0]
+    quick = _split_name(name, names)
+    if quick is None or name.endswith(records.STACK_SUFFIX):
+        return False
+    part = b.shared.get(key)
+    if part is None:
+        part = _shared_part(b, rec)
+        if len(b.shared) >= FAST_CACHE_MAX:
+            b.shared.clear()
+        b.shared[key] = part
+    if part is False:
+        return False
+    dtype, shape, kept, bad_call, ctx = part
+    api_key, p, io, index, slot = quick
+    stats = rec[5]
+    t = TensorRec(name, api_key, io, index, p.direction, dtype, shape, stats, kept, lineno, slot=slot)
+    a = b.apis.get(api_key) or b.api(api_key, p)
+    if bad_call or len(stats) != 4:
+        _check_record(b, t, lineno)
+    else:   # stats_problem's common case inline (four finite floats in order); the rest checked
+        mx, mn, me, l2 = stats
+        if not (mx.__class__ is float and mn.__class__ is float and me.__class__ is float
+                and l2.__class__ is float and _INF > mx >= mn > -_INF and -_INF < me < _INF
+                and _INF > l2 >= 0.0):
+            _check_record(b, t, lineno)
+    if src is not None:
+        _read_sources(b, a, src, lineno)
+    if ctx:
+        a.ctx = ctx
+    a.tensors.append(t)
+    return True
+
+
+_INF = float("inf")
 
 #: at most this many input slots of one call carry a source
 MAX_SOURCES = 4096

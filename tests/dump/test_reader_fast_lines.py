@@ -120,3 +120,71 @@ def test_the_dataflow_moves_to_sources_and_repeated_calls_share_their_spec(dump_
     other = reader._read_ptdbg(slow, None)
     assert [(a.key, a.sources, [t.extra for t in a.tensors]) for a in other.apis] == \
         [(a.key, a.sources, [t.extra for t in a.tensors]) for a in dump.apis]
+
+
+#: tensor records of the writer's form, each odd in one way the fast path must treat as the
+#: checked path does: contradictory statistics, a malformed call spec, a context, a dataflow
+#: kept inside the spec, a key spelled with an escape, scatter's keyword named "src", ints and
+#: bools as statistics, an empty extra, a record without one
+_ODD_RECORDS = [
+    '["Torch_add_0_forward_input.0", 0, [], "torch.float32", [2], [1.0, 2.0, 0.5, 1.0], {"nan": 0, "inf": 0, '
+    '"call": {"args": [{"t": "input.0"}, {"t": "input.1"}], "kwargs": {}}}]',
+    '["Torch_add_0_forward_input.1", 0, [], "torch.float32", [2], [1.0, 0.5, 0.75, -1.0], {"nan": 0, "inf": 0}]',
+    '["Torch_add_0_forward_output.0", 0, [], "torch.float32", [2], [NaN, 0.5, 0.75, 1.0], {"nan": 0, "inf": 0}]',
+    '["Torch_mul_0_forward_input.0", 0, [], "torch.float32", [2], [1.0, 0.5, 0.75, 1.0], {"nan": 0, "inf": 0, '
+    '"call": {"args": 3, "kwargs": {}}}]',
+    '["Torch_mul_0_forward_output.0", 0, [], "torch.float32", [2], [1.0, 0.5, 0.75, 1.0], {"nan": 0, "inf": 0, '
+    '"ctx": "optimizer"}]',
+    '["Torch_sub_0_forward_input.0", 0, [], "torch.float32", [2], [1.0, 0.5, 0.75, 1.0], {"nan": 0, "inf": 0, '
+    '"call": {"args": [{"t": "input.0"}], "kwargs": {}, "src": {"input.0": ["Torch_mul_0_forward", "output.0"]}}}]',
+    '["Torch_sub_0_forward_output.0", 0, [], "torch.float32", [2], [1.0, 0.5, 0.75, 1.0], {"nan": 0, '
+    '"\\u006epy": "Torch_sub_0_forward_output.0.npy"}]',
+    '["Torch_scatter_0_forward_input.0", 0, [], "torch.float32", [2], [1.0, 0.5, 0.75, 1.0], {"nan": 0, "inf": 0, '
+    '"call": {"args": [{"t": "input.0"}, 0, {"t": "input.2"}], "kwargs": {"src": {"t": "input.3"}}, '
+    '"src": {"input.0": ["Torch_sub_0_forward", "output.0"]}}}]',
+    '["Torch_scatter_0_forward_output.0", 0, [], "torch.int64", [2], [3, 1, 2.0, 3.1622776601683795], '
+    '{"nan": 0, "inf": 0}]',
+    '["Torch_eq_0_forward_output.0", 0, [], "torch.bool", [2], [true, false, 0.5, 1.0], {"nan": 0, "inf": 0}]',
+    '["Torch_eq_0_forward_input.0", 0, [], "torch.float32", [2], [1.0, 0.5, 0.75, 1.0], {}]',
+    '["Torch_eq_0_forward_input.1", 0, [], "torch.float32", [2], [1.0, 0.5, 0.75, 1.0]]',
+    '["Torch_eq_0_forward_input.2", 0, [], "torch.float32", [], [Infinity, 0.5, 0.75, 1.0], {"nan": 0, "inf": 1}]',
+    '["Torch_eq_0_forward_stack_info", [["a.py", 1, "f", "x = a == b"]]]',
+]
+
+
+def _fields(dump):
+    fields = ("name", "api", "io", "index", "direction", "dtype", "shape", "stats", "extra", "line", "data_file",
+              "data_problem", "slot")
+    return ([(a.key, a.stack, a.ctx, a.family, a.order, a.sources) for a in dump.apis],
+            [[getattr(t, f) for f in fields] for a in dump.apis for t in a.tensors],
+            [[type(v) for v in t.stats] for a in dump.apis for t in a.tensors], dump.problems, dump.notes)
+
+
+def test_odd_records_read_the_same_on_the_fast_and_the_checked_path(tmp_path, monkeypatch):
+    """Each odd record (twice: the second time its shared part is remembered) gives the same
+    records, problems and notes with the fast path as with every line through ``json.loads``."""
+    pkl = tmp_path / "api_stack_dump.pkl"
+    lines = _ODD_RECORDS + [x.replace("_0_", "_1_") for x in _ODD_RECORDS]
+    pkl.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "api_stack_dump").mkdir()
+    (tmp_path / "api_stack_dump" / "Torch_eq_0_forward_input.1.npy").write_bytes(b"")
+    fast = reader.read_dump(str(pkl))
+
+    class Never:
+        @staticmethod
+        def match(line):
+            return None
+
+    monkeypatch.setattr(reader, "_RECORD_LINE", Never)
+    slow = reader.read_dump(str(pkl))
+    assert _fields(fast) == _fields(slow)
+    problems = "\n".join(fast.problems)
+    for what in ("Torch_add_0_forward_input.1", "Torch_add_0_forward_output.0", "Torch_mul_0_forward_input.0",
+                 "Torch_add_1_forward_input.1", "Torch_mul_1_forward_input.0"):
+        assert f"record '{what}'" in problems      # negative norm, NaN counted as none, a bad call
+    apis = {a.key: a for a in fast.apis}
+    assert apis["Torch_mul_0_forward"].ctx == "optimizer"
+    assert apis["Torch_sub_1_forward"].sources == {"input.0": ("Torch_mul_1_forward", "output.0")}
+    assert apis["Torch_scatter_0_forward"].sources == {"input.0": ("Torch_sub_0_forward", "output.0")}
+    sub_out = apis["Torch_sub_0_forward"].tensors[1]
+    assert "npy" not in sub_out.extra and sub_out.data_problem   # the escaped key named a file: looked up
