@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["value_range", "largest_difference", "range_scaled"]
+__all__ = ["value_range", "largest_difference", "range_scaled", "scaled_one"]
 
 
 @np.errstate(invalid="ignore")
@@ -41,3 +41,9 @@ def range_scaled(diff: ArrayLike, scale: ArrayLike, *, when_zero: float = 1.0) -
     non-zero is off by its whole self), ``inf`` for a tolerance (none passes it)."""
     d, s = np.asarray(diff, dtype=float), np.asarray(scale, dtype=float)
     return np.where(s > 0, d / s, np.where(d > 0, when_zero, 0.0))
+
+
+def scaled_one(diff: float, scale: float, when_zero: float = 1.0) -> float:
+    """:func:`range_scaled` of one difference and one scale as Python floats (the same IEEE
+    division, without an array per call: for per-call loops)."""
+    return diff / scale if scale > 0 else (when_zero if diff > 0 else 0.0)

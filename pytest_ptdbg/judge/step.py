@@ -40,7 +40,7 @@ import functools
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -49,7 +49,7 @@ from pytest_ptdbg.comparison import schema as S
 from pytest_ptdbg.comparison.code_path import BOOKKEEPING, OPTIMIZER_UPDATE, VALUE_CHANGING
 from pytest_ptdbg.comparison.pairing import Pairing
 from pytest_ptdbg.comparison.schema import CompareTable
-from pytest_ptdbg.comparison.stat_error import range_scaled
+from pytest_ptdbg.comparison.stat_error import range_scaled, scaled_one
 from pytest_ptdbg.judge.finding import Cause, Evidence, Finding
 from pytest_ptdbg.judge.passing import passes
 from pytest_ptdbg.judge.verdicts import CallVerdict, DumpJudgement, Status
@@ -423,32 +423,41 @@ def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = 
     rel = np.abs(t[S.REL_L2])
     b_l2 = np.abs(t.floats(S.BENCH_L2NORM))
     l2diff = np.where(np.isinf(rel), np.abs(t.floats(S.NPU_L2NORM)), rel * b_l2)
-    nn = t.floats(S.NPU_NONFINITE)
-    bn = t.floats(S.BENCH_NONFINITE)
-    dts = [a + "|" + b for a, b in zip(t[S.NPU_DTYPE], t[S.BENCH_DTYPE])]
+    nn = t.floats(S.NPU_NONFINITE).tolist()
+    bn = t.floats(S.BENCH_NONFINITE).tolist()
+    # the per-row walk below reads Python values (a numpy element read per row costs more)
+    paired_, io_, finite_ = np.asarray(paired, dtype=bool).tolist(), list(io), finite.tolist()
+    rng_, diffs_, b_l2_, l2diff_ = rng.tolist(), diffs.tolist(), b_l2.tolist(), l2diff.tolist()
+    units: Dict[Tuple[str, str], float] = {}   # the coarsest rounding of a row's two dtypes
+
+    def unit_of(nd: str, bd: str) -> float:
+        u = units.get((nd, bd))
+        if u is None:
+            u = units[(nd, bd)] = max([_unit(d) for d in (nd, bd) if "float" in d] or [0.0])
+        return u
 
     per: Dict[str, Dict[str, Any]] = {}
-    for i in range(n):
-        if not paired[i]:
+    for i, nd, bd in zip(range(n), t[S.NPU_DTYPE], t[S.BENCH_DTYPE]):
+        if not paired_[i]:
             continue
         v = per.setdefault(apis[i], {"ins": [], "outs": [], "nan_in": False, "nan_out": False, "unknown": False,
                                      "u": _unit("torch.float32"), "row": i})
-        v["u"] = max([v["u"]] + [_unit(d) for d in dts[i].split("|") if "float" in d])
-        if io[i] == S.OUTPUT:
+        v["u"] = max(v["u"], unit_of(nd, bd))
+        if io_[i] == S.OUTPUT:
             v["outs"].append(i)
             if (nn[i] or 0) > 0 and not (bn[i] or 0) > 0:
                 v["nan_out"] = True
         else:
             v["ins"].append(i)
             v["nan_in"] = v["nan_in"] or (nn[i] or 0) > 0
-            v["unknown"] = v["unknown"] or not finite[i]
+            v["unknown"] = v["unknown"] or not finite_[i]
     for api, v in per.items():  # backward formulas read the forward tensors of the same call
         if api.endswith("_" + S.BACKWARD):
             f = per.get(api[: -len(S.BACKWARD)] + S.FORWARD)
             if f is not None:
                 v["ins"] = v["ins"] + f["ins"] + f["outs"]
                 v["nan_in"] = v["nan_in"] or f["nan_in"] or f["nan_out"]
-                v["unknown"] = v["unknown"] or f["unknown"] or any(not finite[j] for j in f["outs"])
+                v["unknown"] = v["unknown"] or f["unknown"] or any(not finite_[j] for j in f["outs"])
     out: List[Finding] = []
     for api, v in per.items():
         i = v["row"]
@@ -462,20 +471,20 @@ def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = 
             continue
         if v["unknown"] or not v["outs"] or optimizer:
             continue
-        in_scale = max([float(rng[j]) for j in v["ins"] if finite[j]] or [0.0])
-        in_l2 = max([float(b_l2[j]) for j in v["ins"] if np.isfinite(b_l2[j])] or [0.0])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            def err(j: int, scale: float, l2scale: float) -> float:
-                if not finite[j]:
-                    return 0.0
-                e = float(range_scaled(diffs[j], max(float(rng[j]), scale)))
-                if np.isfinite(l2diff[j]):
-                    n_ = max(float(b_l2[j]) if np.isfinite(b_l2[j]) else 0.0, l2scale)
-                    e = max(e, float(range_scaled(l2diff[j], n_)))
-                return e
+        in_scale = max([rng_[j] for j in v["ins"] if finite_[j]] or [0.0])
+        in_l2 = max([b_l2_[j] for j in v["ins"] if math.isfinite(b_l2_[j])] or [0.0])
 
-            e_in = max([err(j, 0.0, 0.0) for j in v["ins"]] or [0.0])
-            e_out = max(err(j, in_scale, in_l2) for j in v["outs"])
+        def err(j: int, scale: float, l2scale: float) -> float:
+            if not finite_[j]:
+                return 0.0
+            e = scaled_one(diffs_[j], max(rng_[j], scale))
+            if math.isfinite(l2diff_[j]):
+                n_ = max(b_l2_[j] if math.isfinite(b_l2_[j]) else 0.0, l2scale)
+                e = max(e, scaled_one(l2diff_[j], n_))
+            return e
+
+        e_in = max([err(j, 0.0, 0.0) for j in v["ins"]] or [0.0])
+        e_out = max(err(j, in_scale, in_l2) for j in v["outs"])
         bound = max(factor * e_in, floor_units * v["u"], significant)
         if e_out > bound:
             out.append(Finding(api, direction[i], Cause.STATISTICS, Evidence.STATISTICS, int(order[i]), i,

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from pytest_ptdbg.comparison.stat_error import largest_difference, range_scaled, value_range
+from pytest_ptdbg.comparison.stat_error import largest_difference, range_scaled, scaled_one, value_range
 
 
 def test_value_range():
@@ -24,3 +24,14 @@ def test_range_scaled():
     t = range_scaled(np.array([2.0, 0.0]), np.array([0.0, 0.0]), when_zero=math.inf)
     assert t.tolist() == [math.inf, 0.0]
     assert math.isnan(float(range_scaled(np.nan, 2.0)))
+
+
+def test_scaled_one_is_range_scaled_of_one_value():
+    values = [0.0, 0.5, 2.0, 1e-300, 1e308, math.inf, math.nan]
+    for d in values:
+        for s in [0.0, 2.0, 1e-308, 3.0, math.inf, math.nan, -1.0]:
+            for wz in (1.0, math.inf):
+                got, want = scaled_one(d, s, wz), float(range_scaled(d, s, when_zero=wz))
+                assert got == want or (math.isnan(got) and math.isnan(want)), (d, s, wz)
+    assert scaled_one(0.5, 2.0) == 0.25 and scaled_one(2.0, 0.0) == 1.0 and scaled_one(0.0, 0.0) == 0.0
+    assert scaled_one(1e308, 1e-10) == math.inf and math.isnan(scaled_one(math.nan, 2.0))
