@@ -758,14 +758,21 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         return  # written by this project: no "npy" means the tensor was not saved (scalar, filtered)
     # a dump without extra (ptdbg's own): a 0-d record of a Python number ("int", "float",
     # "<class 'int'>") may have no file; a tensor's missing file is a problem
-    expected = bool(extra) or bool(shape) or dtype.startswith("torch.")
+    _look_up_data(b, t, npy if isinstance(npy, str) else None, lineno,
+                  bool(extra) or bool(shape) or dtype.startswith("torch."))
+
+
+def _look_up_data(b: _Builder, t: TensorRec, npy: Optional[str], lineno: int, expected: bool) -> None:
+    """Find ``t``'s data file (:meth:`_Builder.resolve`; ``npy``: the name its record gives, None:
+    the one its name implies); a name pointing outside the data directory is the record's problem,
+    a named file that is not there is counted (``named``, ``absent``)."""
     try:
         b.resolve(t, npy, expected)
     except ValueError as e:
         t.data_problem = str(e)
         b.problems.append(f"{b.source}:{lineno}: {e}")
         return
-    if isinstance(npy, str):   # a record that names its file promises it
+    if npy is not None:   # a record that names its file promises it
         b.named += 1
         if b.files is None or (t.data_file is None and npy not in b.files):
             b.absent.append(npy)
