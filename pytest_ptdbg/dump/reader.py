@@ -467,7 +467,7 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str], check_files: bool = False,
             if isinstance(rec, list) and len(rec) > 6 and isinstance(rec[6], dict):
                 ours = True
             try:
-                if fast.key is not None and _add_fast(b, rec, fast.key, fast.src, lineno, names):
+                if fast.key is not None and _add_fast(b, rec, fast.key, fast.src, fast.npy, lineno, names):
                     continue
                 _add_ptdbg_record(b, rec, lineno, stacks, names, fast.src if fast.hit else None, fast.hit)
                 if skey is not None and records.is_stack_record(rec):
@@ -522,7 +522,7 @@ class _FastLines:
     the last line was parsed here (its nesting is checked here: the extra at most
     ``MAX_DEPTH - 1`` deep)."""
 
-    __slots__ = ("shapes", "extras", "hit", "src", "key")
+    __slots__ = ("shapes", "extras", "hit", "src", "key", "npy")
 
     def __init__(self) -> None:
         self.shapes: Dict[str, Any] = {}
@@ -530,9 +530,11 @@ class _FastLines:
         self.hit = False
         #: the last line's call-spec dataflow (``"src"``), split off its extra (see :func:`_split_src`)
         self.src: Any = None
-        #: the last line's ``(dtype, shape text, extra text without "src")`` when it has an extra
-        #: naming no data file and its "src" (if any) was split off, else None: what the record
-        #: shares with the records spelling these three alike (:func:`_add_fast`)
+        #: the last line's data file name, split off its extra (see :func:`_split_npy`), or None
+        self.npy: Optional[str] = None
+        #: the last line's ``(dtype, shape text, extra text without "src" and the file's name)``
+        #: when it has an extra whose dataflow and data file name (if any) were split off, else
+        #: None: what the record shares with the records spelling these three alike (:func:`_add_fast`)
         self.key: Optional[Tuple[str, str, str]] = None
 
     def parse(self, line: str) -> Optional[list]:
@@ -550,6 +552,7 @@ class _FastLines:
         self.hit = False
         self.src = None
         self.key = None
+        self.npy = None
         m = _RECORD_LINE.match(line)
         if m is None:
             return None
@@ -570,19 +573,27 @@ class _FastLines:
             if extra_text is None:
                 self.hit = True
                 return [name, int(flag), [], dtype, shape, stats]
-            src_text = None
+            src_text: Optional[str] = None
+            npy: Optional[str] = None
             if '"src": {' in extra_text:
                 extra_text, src_text = _split_src(extra_text)
+            if '"npy": "' in extra_text:
+                extra_text, npy = _split_npy(extra_text)
             extra = self.extras.get(extra_text)
             if extra is None:
                 extra = json.loads(extra_text)
                 if not isinstance(extra, dict) or not nesting_ok(
                         extra, MAX_DEPTH - 1, extra_text.count("[") + extra_text.count("{")):
                     return None
-                if '"npy"' not in extra_text:
+                if npy is not None and extra.get("npy") != "":
+                    return None   # the name was not the extra's own member: the whole line is parsed
+                if npy is not None or '"npy"' not in extra_text:
                     if len(self.extras) >= FAST_CACHE_MAX:
                         self.extras.clear()
                     self.extras[extra_text] = extra
+            if npy is not None:   # the record's own extra: the shared one with its file's name
+                extra = dict(extra)
+                extra["npy"] = npy
             if src_text is not None:
                 if next(reversed(extra), None) != "call" or not isinstance(extra["call"], dict) \
                         or "src" in extra["call"]:
@@ -593,10 +604,11 @@ class _FastLines:
                     return None
                 if end != len(src_text):
                     return None
-            if '"npy"' not in extra_text and (src_text is not None or '"src"' not in extra_text):
-                # no data file; no dataflow left in the spec (split off, or none: a "src" anywhere
-                # else, e.g. scatter's keyword, leaves the record to the checked path)
+            if (npy is not None or '"npy"' not in extra_text) and (src_text is not None or '"src"' not in extra_text):
+                # no data file name or dataflow left in the extra (split off, or none: a "src"
+                # anywhere else, e.g. scatter's keyword, leaves the record to the checked path)
                 self.key = (dtype, shape_text, extra_text)
+                self.npy = npy
         except (ValueError, RecursionError):
             return None    # the whole line's json.loads says why
         self.hit = True
@@ -615,6 +627,20 @@ def _split_src(extra_text: str) -> Tuple[str, Optional[str]]:
     if "{" in src_text[1:] or "}" in src_text[:-1]:
         return extra_text, None
     return extra_text[:i] + "}}", src_text
+
+
+def _split_npy(extra_text: str) -> Tuple[str, Optional[str]]:
+    """``(extra with its data file's name left out, the name)`` of an extra holding one
+    ``"npy": "NAME"`` and no escapes (the name becomes ``""``: a valid text, the same for every
+    record of a call repeated), else ``(extra_text, None)``. The caller checks that the member
+    belongs to the extra itself."""
+    k = extra_text.find('"npy": "')
+    if k < 0 or "\\" in extra_text or extra_text.find('"npy"', k + 5) >= 0 or extra_text.count('"', 0, k) % 2:
+        return extra_text, None
+    e = extra_text.find('"', k + 8)
+    if e < 0:
+        return extra_text, None
+    return extra_text[:k + 8] + extra_text[e:], extra_text[k + 8:e]
 
 
 _Split = Tuple[str, records.ParsedName, str, Tuple[int, ...], str]
@@ -778,48 +804,51 @@ def _look_up_data(b: _Builder, t: TensorRec, npy: Optional[str], lineno: int, ex
             b.absent.append(npy)
 
 
-def _shared_part(b: _Builder, rec: list) -> Any:
+def _shared_part(b: _Builder, rec: list, named: bool) -> Any:
     """What every record spelling this dtype, shape and extra alike shares, as
     :func:`_add_ptdbg_record` would make it: ``(dtype, shape, kept extra, whether the call spec
-    is malformed, context)`` (the dtype, shape and extra pooled), or False for a record without
-    an extra (its data file is looked up), or naming a file or a dataflow: the checked path."""
+    is malformed, context)``, the dtype, shape and extra pooled (the kept extra None where it is
+    each record's own: one naming its file with a call spec), or False for a record without an
+    extra (its data file is looked up by its name) or keeping a dataflow: the checked path.
+    ``named``: the records name their data file."""
     extra = rec[6] if len(rec) > 6 else None
-    if not isinstance(extra, dict) or not extra or "npy" in extra or (
+    if not isinstance(extra, dict) or not extra or ("npy" in extra) != named or (
             isinstance(extra.get("call"), dict) and "src" in extra["call"]):
         return False   # (a key spelled with escapes, which the texts' checks do not see)
     pool = b.pool if b.pool is not None else {}
     dtype = pool.setdefault(rec[3], rec[3])
     shape = tuple(rec[4])   # (ints: the fast path's shape pattern)
     shape = pool.setdefault(shape, shape)
-    kept = extra
+    kept: Optional[dict] = None if named else extra
     if "call" not in extra and len(extra) <= 8:
-        try:
-            items = ("extra",) + tuple(extra.items())
+        try:   # the file's name moves to data_file
+            pairs = tuple((k, v) for k, v in extra.items() if k != "npy")
+            items = ("extra",) + pairs
             shared = pool.get(items)
             if shared is None:
-                shared = pool[items] = dict(extra)
+                shared = pool[items] = dict(pairs)
             kept = shared
         except TypeError:   # an unhashable value: kept as it is
-            kept = extra
+            pass
     bad_call = "call" in extra and bool(call_problem(extra["call"]))
     ctx = str(extra["ctx"]) if extra.get("ctx") else ""
     return dtype, shape, kept, bad_call, ctx
 
 
-def _add_fast(b: _Builder, rec: list, key: Tuple[str, str, str], src: Any, lineno: int,
+def _add_fast(b: _Builder, rec: list, key: Tuple[str, str, str], src: Any, npy: Optional[str], lineno: int,
               names: Dict[str, Tuple[records.ParsedName, str]]) -> bool:
-    """Add a tensor record :class:`_FastLines` parsed whose extra names no data file (``key``:
-    its dtype, shape and extra texts), exactly as :func:`_add_ptdbg_record` would, with what
-    depends on ``key`` alone (:func:`_shared_part`) worked out once per distinct key. False,
-    nothing added: not such a record (its name does not split quickly, a stack record's name, no
-    extra); the checked path takes it."""
+    """Add a tensor record :class:`_FastLines` parsed (``key``: its dtype, shape and extra texts,
+    the extra's dataflow ``src`` and data file name ``npy`` split off), exactly as
+    :func:`_add_ptdbg_record` would, with what depends on ``key`` alone (:func:`_shared_part`)
+    worked out once per distinct key. False, nothing added: not such a record (its name does not
+    split quickly, a stack record's name, no extra); the checked path takes it."""
     name = rec[0]
     quick = _split_name(name, names)
     if quick is None or name.endswith(records.STACK_SUFFIX):
         return False
     part = b.shared.get(key)
     if part is None:
-        part = _shared_part(b, rec)
+        part = _shared_part(b, rec, npy is not None)
         if len(b.shared) >= FAST_CACHE_MAX:
             b.shared.clear()
         b.shared[key] = part
@@ -828,7 +857,8 @@ def _add_fast(b: _Builder, rec: list, key: Tuple[str, str, str], src: Any, linen
     dtype, shape, kept, bad_call, ctx = part
     api_key, p, io, index, slot = quick
     stats = rec[5]
-    t = TensorRec(name, api_key, io, index, p.direction, dtype, shape, stats, kept, lineno, slot=slot)
+    t = TensorRec(name, api_key, io, index, p.direction, dtype, shape, stats, rec[6] if kept is None else kept,
+                  lineno, slot=slot)
     a = b.apis.get(api_key) or b.api(api_key, p)
     if bad_call or len(stats) != 4:
         _check_record(b, t, lineno)
@@ -843,6 +873,8 @@ def _add_fast(b: _Builder, rec: list, key: Tuple[str, str, str], src: Any, linen
     if ctx:
         a.ctx = ctx
     a.tensors.append(t)
+    if npy is not None:
+        _look_up_data(b, t, npy, lineno, True)
     return True
 
 

@@ -24,6 +24,8 @@ ODD = [
     '["Torch_add_0_forward_stack_info", [["a.py", 1, "f", "x"]]]\n',
     '  ["Torch_add_0_forward_input.0", 0, [], "torch.float32", [1], [1, 2, 3, 4]]\n',
     '["Torch_add_0_forward_input.0", 0, [], "torch.float32", [1], [1, 2, 3, 4]]',                        # no newline
+    '["Torch_add_0_forward_input.0", 0, [], "torch.float32", [1], [1, 2, 3, 4], {"npy": "a.npy", "npy": ""}]\n',
+    '["Torch_add_0_forward_input.0", 0, [], "torch.float32", [1], [1, 2, 3, 4], {"nan": 0, "npy": "a.npy"}]\n',
 ]
 
 
@@ -43,7 +45,7 @@ def test_fast_path_is_json_loads_or_declines(line):
 
 def test_the_writers_form_takes_the_fast_path_and_the_rest_declines():
     taken = [reader._FastLines().parse(line) is not None for line in ODD]
-    assert taken == [True] * 4 + [False] * 9 + [True]
+    assert taken == [True] * 4 + [False] * 9 + [True] * 3
 
 
 def test_too_deep_extra_is_left_to_the_checked_path():
@@ -149,6 +151,21 @@ _ODD_RECORDS = [
     '["Torch_eq_0_forward_input.1", 0, [], "torch.float32", [2], [1.0, 0.5, 0.75, 1.0]]',
     '["Torch_eq_0_forward_input.2", 0, [], "torch.float32", [], [Infinity, 0.5, 0.75, 1.0], {"nan": 0, "inf": 1}]',
     '["Torch_eq_0_forward_stack_info", [["a.py", 1, "f", "x = a == b"]]]',
+    # records naming their data file: there, missing, outside the folder, named twice, a nested "npy"
+    '["Torch_div_0_forward_input.0", 0, [], "torch.float32", [2], [1.0, 0.5, 0.75, 1.0], {"nan": 0, "inf": 0, '
+    '"rg": true, "npy": "Torch_div_0_forward_input.0.npy", "call": {"args": [{"t": "input.0"}, 2.0], "kwargs": {}, '
+    '"src": {"input.0": ["Torch_eq_0_forward", "output.0"]}}}]',
+    '["Torch_div_0_forward_input.1", 0, [], "float", [], [2.0, 2.0, 2.0, 2.0], {"nan": 0, "inf": 0}]',
+    '["Torch_div_0_forward_output.0", 0, [], "torch.float32", [2], [0.5, 0.25, 0.375, 0.5], {"nan": 0, "inf": 0, '
+    '"rg": true, "npy": "Torch_div_0_forward_output.0.npy"}]',
+    '["Torch_div_1_forward_output.0", 0, [], "torch.float32", [2], [0.5, 0.25, 0.375, 0.5], {"nan": 0, "inf": 0, '
+    '"npy": "../outside.npy"}]',
+    '["Torch_div_2_forward_output.0", 0, [], "torch.float32", [2], [0.5, 0.25, 0.375, 0.5], {"nan": 0, "inf": 0, '
+    '"npy": "a.npy", "npy": "Torch_div_2_forward_output.0.npy"}]',
+    '["Torch_div_3_forward_input.0", 0, [], "torch.float32", [2], [0.5, 0.25, 0.375, 0.5], {"nan": 0, "inf": 0, '
+    '"call": {"args": [{"t": "input.0"}], "kwargs": {"npy": "Torch_div_3_forward_input.0.npy"}}}]',
+    '["Torch_div_4_forward_input.0", 0, [], "torch.float32", [2], [0.5, 0.25, -0.375, 0.5], {"nan": 0, "inf": 0, '
+    '"npy": "Torch_div_4_forward_input.0.npy", "ctx": "optimizer", "call": {"args": 7, "kwargs": {}}}]',
 ]
 
 
@@ -161,14 +178,19 @@ def _fields(dump):
 
 
 def test_odd_records_read_the_same_on_the_fast_and_the_checked_path(tmp_path, monkeypatch):
-    """Each odd record (twice: the second time its shared part is remembered) gives the same
-    records, problems and notes with the fast path as with every line through ``json.loads``."""
+    """Each odd record (those of call 0 twice: the second time, as call 5, its shared part is
+    remembered) gives the same records, problems and notes with the fast path as with every line
+    through ``json.loads``."""
     pkl = tmp_path / "api_stack_dump.pkl"
-    lines = _ODD_RECORDS + [x.replace("_0_", "_1_") for x in _ODD_RECORDS]
+    lines = _ODD_RECORDS + [x.replace("_0_forward", "_5_forward") for x in _ODD_RECORDS if "_0_forward" in x]
     pkl.write_text("\n".join(lines) + "\n", encoding="utf-8")
     (tmp_path / "api_stack_dump").mkdir()
-    (tmp_path / "api_stack_dump" / "Torch_eq_0_forward_input.1.npy").write_bytes(b"")
+    for f in ("Torch_eq_0_forward_input.1", "Torch_div_0_forward_input.0", "Torch_div_1_forward_output.0",
+              "Torch_div_2_forward_output.0", "Torch_div_3_forward_input.0", "Torch_div_4_forward_input.0"):
+        (tmp_path / "api_stack_dump" / f"{f}.npy").write_bytes(b"")
     fast = reader.read_dump(str(pkl))
+    taken = [reader._FastLines().parse_split(x) is not None for x in lines]
+    assert sum(taken) >= len(lines) - 6   # the odd records do take the fast path (the stack records not)
 
     class Never:
         @staticmethod
@@ -180,11 +202,21 @@ def test_odd_records_read_the_same_on_the_fast_and_the_checked_path(tmp_path, mo
     assert _fields(fast) == _fields(slow)
     problems = "\n".join(fast.problems)
     for what in ("Torch_add_0_forward_input.1", "Torch_add_0_forward_output.0", "Torch_mul_0_forward_input.0",
-                 "Torch_add_1_forward_input.1", "Torch_mul_1_forward_input.0"):
+                 "Torch_add_5_forward_input.1", "Torch_mul_5_forward_input.0"):
         assert f"record '{what}'" in problems      # negative norm, NaN counted as none, a bad call
     apis = {a.key: a for a in fast.apis}
     assert apis["Torch_mul_0_forward"].ctx == "optimizer"
-    assert apis["Torch_sub_1_forward"].sources == {"input.0": ("Torch_mul_1_forward", "output.0")}
+    assert apis["Torch_sub_5_forward"].sources == {"input.0": ("Torch_mul_5_forward", "output.0")}
     assert apis["Torch_scatter_0_forward"].sources == {"input.0": ("Torch_sub_0_forward", "output.0")}
     sub_out = apis["Torch_sub_0_forward"].tensors[1]
     assert "npy" not in sub_out.extra and sub_out.data_problem   # the escaped key named a file: looked up
+    div = apis["Torch_div_0_forward"]
+    assert div.tensors[0].data_file and div.tensors[0].extra["npy"] == "Torch_div_0_forward_input.0.npy"
+    assert div.sources == {"input.0": ("Torch_eq_0_forward", "output.0")} and "src" not in div.tensors[0].extra["call"]
+    assert div.tensors[2].data_file is None and "not found" in div.tensors[2].data_problem
+    assert "npy" not in div.tensors[2].extra   # (no call spec: the pooled extra, the name moved to data_file)
+    assert "outside the data directory" in apis["Torch_div_1_forward"].tensors[0].data_problem
+    assert apis["Torch_div_2_forward"].tensors[0].data_file.endswith("Torch_div_2_forward_output.0.npy")
+    assert apis["Torch_div_4_forward"].ctx == "optimizer" and apis["Torch_div_4_forward"].tensors[0].data_file
+    assert "record 'Torch_div_4_forward_input.0': malformed call spec" in problems
+    assert "5 of the 8 records" in fast.missing_data   # (the file outside is a problem of its own)
