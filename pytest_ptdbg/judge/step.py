@@ -423,11 +423,12 @@ def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = 
     rel = np.abs(t[S.REL_L2])
     b_l2 = np.abs(t.floats(S.BENCH_L2NORM))
     l2diff = np.where(np.isinf(rel), np.abs(t.floats(S.NPU_L2NORM)), rel * b_l2)
-    nn = t.floats(S.NPU_NONFINITE).tolist()
-    bn = t.floats(S.BENCH_NONFINITE).tolist()
-    # the per-row walk below reads Python values (a numpy element read per row costs more)
+    # the per-row walk below reads Python values (a numpy element read per row costs more): lists
+    # of bools and strings (no new objects), the floats of the calls judged one by one (.item)
+    nn_pos = (t.floats(S.NPU_NONFINITE) > 0).tolist()   # (False for NaN: unknown counts)
+    bn_pos = (t.floats(S.BENCH_NONFINITE) > 0).tolist()
     paired_, io_, finite_ = np.asarray(paired, dtype=bool).tolist(), list(io), finite.tolist()
-    rng_, diffs_, b_l2_, l2diff_ = rng.tolist(), diffs.tolist(), b_l2.tolist(), l2diff.tolist()
+    rng_, diffs_, b_l2_, l2diff_ = rng.item, diffs.item, b_l2.item, l2diff.item
     units: Dict[Tuple[str, str], float] = {}   # the coarsest rounding of a row's two dtypes
 
     def unit_of(nd: str, bd: str) -> float:
@@ -445,11 +446,11 @@ def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = 
         v["u"] = max(v["u"], unit_of(nd, bd))
         if io_[i] == S.OUTPUT:
             v["outs"].append(i)
-            if (nn[i] or 0) > 0 and not (bn[i] or 0) > 0:
+            if nn_pos[i] and not bn_pos[i]:
                 v["nan_out"] = True
         else:
             v["ins"].append(i)
-            v["nan_in"] = v["nan_in"] or (nn[i] or 0) > 0
+            v["nan_in"] = v["nan_in"] or nn_pos[i]
             v["unknown"] = v["unknown"] or not finite_[i]
     for api, v in per.items():  # backward formulas read the forward tensors of the same call
         if api.endswith("_" + S.BACKWARD):
@@ -471,16 +472,17 @@ def statistics_causes(table: Union[pd.DataFrame, CompareTable], factor: float = 
             continue
         if v["unknown"] or not v["outs"] or optimizer:
             continue
-        in_scale = max([rng_[j] for j in v["ins"] if finite_[j]] or [0.0])
-        in_l2 = max([b_l2_[j] for j in v["ins"] if math.isfinite(b_l2_[j])] or [0.0])
+        in_scale = max([rng_(j) for j in v["ins"] if finite_[j]] or [0.0])
+        in_l2 = max([b_l2_(j) for j in v["ins"] if math.isfinite(b_l2_(j))] or [0.0])
 
         def err(j: int, scale: float, l2scale: float) -> float:
             if not finite_[j]:
                 return 0.0
-            e = scaled_one(diffs_[j], max(rng_[j], scale))
-            if math.isfinite(l2diff_[j]):
-                n_ = max(b_l2_[j] if math.isfinite(b_l2_[j]) else 0.0, l2scale)
-                e = max(e, scaled_one(l2diff_[j], n_))
+            e = scaled_one(diffs_(j), max(rng_(j), scale))
+            d2 = l2diff_(j)
+            if math.isfinite(d2):
+                b2 = b_l2_(j)
+                e = max(e, scaled_one(d2, max(b2 if math.isfinite(b2) else 0.0, l2scale)))
             return e
 
         e_in = max([err(j, 0.0, 0.0) for j in v["ins"]] or [0.0])
