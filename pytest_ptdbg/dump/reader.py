@@ -912,9 +912,13 @@ def _read_sources(b: "_Builder", a: ApiRec, src: Any, lineno: int) -> None:
     pool = b.pool
     if pool is None:
         a.sources = {slot: (v[0], v[1]) for slot, v in src.items()}
-    else:
-        a.sources = {pool.setdefault(slot, slot): (pool.setdefault(("s", v[0]), v[0]), pool.setdefault(v[1], v[1]))
-                     for slot, v in src.items()}
+    else:   # a producer read before (the usual case) lends its key's string, the rest are pooled
+        apis = b.apis
+
+        def key(k: str) -> str:
+            return apis[k].key if k in apis else pool.setdefault(("s", k), k)
+
+        a.sources = {pool.setdefault(slot, slot): (key(v[0]), pool.setdefault(v[1], v[1])) for slot, v in src.items()}
 
 
 def _check_record(b: "_Builder", t: TensorRec, lineno: int) -> None:
