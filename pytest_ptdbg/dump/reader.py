@@ -425,7 +425,7 @@ def _read_ptdbg(pkl: str, data_dir: Optional[str], check_files: bool = False,
     rec: Any  # one parsed JSON line
     with f:
         for lineno, raw, whole in _lines(f, pkl, problems):
-            if not raw.strip():
+            if raw.isspace():   # (bytes.strip's whitespace)
                 continue
             if whole:
                 complete_lines += 1
