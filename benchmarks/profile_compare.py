@@ -1,7 +1,8 @@
 """Profile one statistics ``compare()`` (no replay) of the ``--big`` pair, stage by stage (cProfile).
 
-``python benchmarks/profile_compare.py [--dir /tmp/ptdbg_bench_compare] [--big 50000] [--top 45]``;
-make the pair first with ``python benchmarks/bench_compare.py --big 50000``.
+``python benchmarks/profile_compare.py [--dir /tmp/ptdbg_bench_compare] [--big 50000] [--top 45]
+[--kind stats|full] [--stages]``; make the pair first with ``python benchmarks/bench_compare.py --big 50000``.
+``--stages``: the wall-clock time of each stage of one compare, without the profiler.
 
 Measured 2026-12-04 04:20 UTC (shared 2-core VM, load ~1), 50 085 calls, 161 700 rows:
 without the profiler (``bench_compare.py --measure-big``, fresh process, 1 rep) compare() 30.9 s,
@@ -24,16 +25,58 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 
+def _stage_times(param: dict, out: str) -> None:
+    """One compare, each stage timed by the wall clock (no profiler: cProfile inflates per-call
+    Python work ~2x, so its shares are not the real ones)."""
+    import functools
+    import time
+
+    from pytest_ptdbg import api
+    from pytest_ptdbg.advise import advisor
+    from pytest_ptdbg.dump import reader
+    from pytest_ptdbg.report import html_report, outputs
+
+    spent: dict = {}
+
+    def timed(owner: object, name: str, label: str) -> None:
+        f = getattr(owner, name)
+
+        @functools.wraps(f)
+        def g(*args: object, **kwargs: object) -> object:
+            t = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
+        setattr(owner, name, g)
+
+    for owner, name, label in ((reader, "read_dump", "read both dumps"), (api, "build_table", "build the table"),
+                               (api, "_judge", "judge"), (api, "_finish", "reports (all)"),
+                               (advisor, "advise", "  advisor"), (html_report, "render_html", "  HTML"),
+                               (outputs.ReportSet, "write", "  write CSV, advice, HTML")):
+        timed(owner, name, label)
+    t0 = time.perf_counter()
+    api.compare(param, out, replay_check=False)
+    print(f"compare() {time.perf_counter() - t0:.2f} s")
+    for label, s in spent.items():
+        print(f"  {label:28s} {s:6.2f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/ptdbg_bench_compare")
     ap.add_argument("--big", type=int, default=50000)
     ap.add_argument("--top", type=int, default=45)
+    ap.add_argument("--kind", choices=("stats", "full"), default="stats")
+    ap.add_argument("--stages", action="store_true", help="wall-clock time per stage instead of a profile")
     a = ap.parse_args()
     from pytest_ptdbg import api
 
-    base = os.path.join(a.dir, f"big{a.big}_stats")
+    base = os.path.join(a.dir, f"big{a.big}_{a.kind}")
     param = {"npu_pkl_path": base + "_npu", "bench_pkl_path": base + "_bench", "is_print_compare_log": False}
+    if a.stages:
+        _stage_times(param, os.path.join(a.dir, "out_prof"))
+        return
     prof = cProfile.Profile()
     prof.enable()
     api.compare(param, os.path.join(a.dir, "out_prof"), replay_check=False)
