@@ -50,16 +50,17 @@ def _stage_times(param: dict, out: str) -> None:
                 spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
         setattr(owner, name, g)
 
-    for owner, name, label in ((reader, "read_dump", "read both dumps"), (api, "build_table", "build the table"),
-                               (api, "_judge", "judge"), (api, "_finish", "reports (all)"),
-                               (advisor, "advise", "  advisor"), (html_report, "render_html", "  HTML"),
-                               (outputs.ReportSet, "write", "  write CSV, advice, HTML")):
+    stages = ((reader, "read_dump", "read both dumps"), (api, "build_table", "build the table"),
+              (api, "_judge", "judge"), (api, "_finish", "reports (all)"),
+              (advisor, "advise", "  advisor"), (html_report, "render_html", "  HTML"),
+              (outputs.ReportSet, "write", "  write CSV, advice, HTML"))
+    for owner, name, label in stages:
         timed(owner, name, label)
     t0 = time.perf_counter()
     api.compare(param, out, replay_check=False)
     print(f"compare() {time.perf_counter() - t0:.2f} s")
-    for label, s in spent.items():
-        print(f"  {label:28s} {s:6.2f} s")
+    for _, _, label in stages:
+        print(f"  {label:28s} {spent.get(label, 0.0):6.2f} s")
 
 
 def main() -> None:
