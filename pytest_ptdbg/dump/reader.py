@@ -745,17 +745,8 @@ def _add_ptdbg_record(b: _Builder, rec: Any, lineno: int, stacks: Dict[str, list
         # slots and extras: one object each (the saved file's name moves to data_file)
         dtype = pool.setdefault(dtype, dtype)
         shape = pool.setdefault(shape, shape)
-        if "call" not in extra and len(extra) <= 8:
-            try:
-                pairs = (tuple(extra.items()) if "npy" not in extra else
-                         tuple((k, v) for k, v in extra.items() if k != "npy"))
-                items = ("extra",) + pairs
-                shared = pool.get(items)
-                if shared is None:
-                    shared = pool[items] = dict(pairs)
-                kept = shared
-            except TypeError:   # an unhashable value: kept as it is
-                kept = extra
+        shared = _pooled_extra(pool, extra)
+        kept = shared if shared is not None else extra
         if memo is not None:   # (pool is not None here)
             if len(memo) >= FAST_CACHE_MAX:
                 memo.clear()
@@ -804,6 +795,23 @@ def _look_up_data(b: _Builder, t: TensorRec, npy: Optional[str], lineno: int, ex
             b.absent.append(npy)
 
 
+def _pooled_extra(pool: Dict[Any, Any], extra: dict) -> Optional[dict]:
+    """The one shared copy of a small extra without a call spec, its data file's name left out
+    (it moves to ``data_file``), or None: a call spec, more than 8 members or an unhashable value
+    (kept as it is)."""
+    if "call" in extra or len(extra) > 8:
+        return None
+    try:
+        pairs = tuple((k, v) for k, v in extra.items() if k != "npy")
+        items = ("extra",) + pairs
+        shared = pool.get(items)
+        if shared is None:
+            shared = pool[items] = dict(pairs)
+        return shared
+    except TypeError:
+        return None
+
+
 def _shared_part(b: _Builder, rec: list, named: bool) -> Any:
     """What every record spelling this dtype, shape and extra alike shares, as
     :func:`_add_ptdbg_record` would make it: ``(dtype, shape, kept extra, whether the call spec
@@ -819,17 +827,9 @@ def _shared_part(b: _Builder, rec: list, named: bool) -> Any:
     dtype = pool.setdefault(rec[3], rec[3])
     shape = tuple(rec[4])   # (ints: the fast path's shape pattern)
     shape = pool.setdefault(shape, shape)
-    kept: Optional[dict] = None if named else extra
-    if "call" not in extra and len(extra) <= 8:
-        try:   # the file's name moves to data_file
-            pairs = tuple((k, v) for k, v in extra.items() if k != "npy")
-            items = ("extra",) + pairs
-            shared = pool.get(items)
-            if shared is None:
-                shared = pool[items] = dict(pairs)
-            kept = shared
-        except TypeError:   # an unhashable value: kept as it is
-            pass
+    kept = _pooled_extra(pool, extra)   # (an empty extra once its file's name is left out too)
+    if kept is None and not named:
+        kept = extra
     bad_call = "call" in extra and bool(call_problem(extra["call"]))
     ctx = str(extra["ctx"]) if extra.get("ctx") else ""
     return dtype, shape, kept, bad_call, ctx

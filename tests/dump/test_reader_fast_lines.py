@@ -166,6 +166,8 @@ _ODD_RECORDS = [
     '"call": {"args": [{"t": "input.0"}], "kwargs": {"npy": "Torch_div_3_forward_input.0.npy"}}}]',
     '["Torch_div_4_forward_input.0", 0, [], "torch.float32", [2], [0.5, 0.25, -0.375, 0.5], {"nan": 0, "inf": 0, '
     '"npy": "Torch_div_4_forward_input.0.npy", "ctx": "optimizer", "call": {"args": 7, "kwargs": {}}}]',
+    '["Torch_neg_0_forward_output.0", 0, [], "torch.float32", [2], [0.5, 0.25, 0.375, 0.5], '
+    '{"npy": "Torch_neg_0_forward_output.0.npy"}]',
 ]
 
 
@@ -219,4 +221,6 @@ def test_odd_records_read_the_same_on_the_fast_and_the_checked_path(tmp_path, mo
     assert apis["Torch_div_2_forward"].tensors[0].data_file.endswith("Torch_div_2_forward_output.0.npy")
     assert apis["Torch_div_4_forward"].ctx == "optimizer" and apis["Torch_div_4_forward"].tensors[0].data_file
     assert "record 'Torch_div_4_forward_input.0': malformed call spec" in problems
-    assert "5 of the 8 records" in fast.missing_data   # (the file outside is a problem of its own)
+    assert "7 of the 10 records" in fast.missing_data   # (the file outside is a problem of its own)
+    neg = apis["Torch_neg_0_forward"].tensors[0]
+    assert neg.extra == {} and neg.extra is apis["Torch_neg_5_forward"].tensors[0].extra  # nothing but the file
