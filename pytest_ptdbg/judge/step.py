@@ -161,6 +161,11 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
     bench_nonfinite = np.nan_to_num(t.floats(S.BENCH_NONFINITE), nan=0.0)
     bench_update_nonfinite = any(code_path[i].strip().lower() == OPTIMIZER_UPDATE and bench_nonfinite[i] > 0
                                  for i in range(n) if not paired[i])
+    io, npu_dtype = t[S.IO], t[S.NPU_DTYPE]
+    # calls handed a NaN/Inf tensor (not a Python number: lr=nan is the update's own argument)
+    fed_nonfinite = {apis[i] for i in range(n) if npu_nonfinite[i] > 0 and io[i] != S.OUTPUT
+                     and str(npu_dtype[i]).startswith("torch.")}
+    fed_updates: Dict[str, Finding] = {}   # such one-sided updates: origins only if nothing before explains it
     judged_by_replay = {v.api for v in replay.verdicts if v.status != Status.NOT_JUDGED} if replay else set()
     seen_update: set = set()
     unjudged_update: Dict[str, None] = {}   # statistics only: the device's update calls, in order
@@ -185,8 +190,12 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
                 unjudged_update.setdefault(apis[i], None)
                 if npu_nonfinite[i] > 0 and not bench_update_nonfinite:
                     # statistics judge an update for NaN/Inf: one the bench's update does not make
-                    add(Finding(apis[i], direction[i], Cause.NONFINITE, Evidence.TABLE, int(order[i]),
-                                first_row.get(apis[i], i), family[i], math.inf, ctx=ctx[i], tensor=npu_name[i]))
+                    f = Finding(apis[i], direction[i], Cause.NONFINITE, Evidence.TABLE, int(order[i]),
+                                first_row.get(apis[i], i), family[i], math.inf, ctx=ctx[i], tensor=npu_name[i])
+                    if apis[i] in fed_nonfinite:
+                        fed_updates.setdefault(apis[i], f)
+                    else:
+                        add(f)
             elif side == "NPU" and apis[i] not in judged_by_replay and apis[i] not in seen_update:
                 seen_update.add(apis[i])
                 bad_rows.append(f"CSV line {i + 2}: {apis[i]}: the optimizer's update on the device side "
@@ -244,6 +253,11 @@ def judge_step(table: Union[pd.DataFrame, CompareTable], problems: Sequence[str]
         # NaN from the step's first input on): the first such tensor is where it shows, and it fails
         add(Finding(apis[nf], direction[nf], Cause.NONFINITE, Evidence.TABLE, int(order[nf]), nf, family[nf],
                     math.inf, ctx=ctx[nf], tensor=npu_name[nf]))
+
+    for f in fed_updates.values():
+        # an update handed NaN/Inf passes it on: its origin is the cause found before it, if any
+        if not any(0 <= rc.row <= f.row for rc in causes.values()):
+            add(f)
 
     def key(rc: Finding) -> tuple:
         row = rc.row if rc.row >= 0 else first_row.get(rc.api, n)

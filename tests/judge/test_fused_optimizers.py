@@ -199,3 +199,34 @@ def test_gradients_read_after_gradscaler_unscales_them_are_recorded_as_unscaled(
         recs = {r[0]: r for r in map(json.loads, f) if not r[0].endswith("stack_info")}
     assert recs["Tensor_mul_0_forward_input.0"][5][0] == 4.0
     assert recs["Tensor_mul_1_forward_input.0"][5][0] == 1.0
+
+
+def test_statistics_only_a_fused_update_fed_nan_is_no_origin_of_it(tmp_path, compare_pair):
+    """A fused update whose inputs are already NaN (a gradient poisoned before the step, on the
+    device side only) passes the NaN on: the step fails, named by the call that made it, and the
+    update is not called a NaN/Inf origin of its own."""
+    def poison(m):
+        with torch.no_grad():
+            next(iter(m.parameters())).grad.view(-1)[0] = float("nan")
+
+    device = _dump(tmp_path / "device", "mlp", "adamw", "fused", extra=poison)
+    bench = _dump(tmp_path / "bench", "mlp", "adamw", "loop")
+    r = compare_pair(device, bench, summary_compare=True, replay_check=False)
+    assert not r.judgement.passed
+    causes = _root_causes(r)
+    assert causes and not causes[0][0].startswith("Torch__fused_adamw_"), r.judgement.text()
+    assert not any(api.startswith("Torch__fused_adamw_") for api, _ in causes), r.judgement.text()
+
+
+def test_statistics_only_a_fused_update_fed_nan_unseen_is_still_the_origin(tmp_path, compare_pair):
+    """Never a false pass: a gradient made NaN where capture does not see it (through numpy, on
+    the device side only) reaches the fused update with nothing recorded before it to blame; the
+    update, where the NaN first shows, is the root cause."""
+    def poison_unseen(m):
+        next(iter(m.parameters())).grad.detach().numpy().reshape(-1)[0] = float("nan")
+
+    device = _dump(tmp_path / "device", "mlp", "adamw", "fused", extra=poison_unseen)
+    bench = _dump(tmp_path / "bench", "mlp", "adamw", "loop")
+    r = compare_pair(device, bench, summary_compare=True, replay_check=False)
+    assert not r.judgement.passed, r.judgement.text()
+    assert _root_causes(r)[0] == ("Torch__fused_adamw__0_forward", "NaN/Inf origin"), r.judgement.text()
