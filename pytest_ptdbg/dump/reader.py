@@ -508,16 +508,18 @@ _RECORD_LINE = re.compile(r'\["([^"\\\x00-\x1f]*)", ([01]), \[\], "([^"\\\x00-\x
 #: ``(value, end)`` of the JSON value starting at an index of a text (``json.loads``'s scanner;
 #: StopIteration where none starts there)
 _SCAN: Callable[[str, int], Tuple[Any, int]] = json.scanner.make_scanner(cast(Any, json.JSONDecoder()))
-#: distinct extras (without a data file name) and shapes remembered by their text, at most this many
+#: distinct extras (without their data file name and dataflow) and shapes remembered by their
+#: text, and the parts records share (``_Builder.shared``): at most this many each
 FAST_CACHE_MAX = 1 << 16
 
 
 class _FastLines:
     """Parse a record line of the common form (:data:`_RECORD_LINE`) without building it through
     ``json.loads`` field by field: the name and dtype are taken as they are (no escapes), the
-    shape, statistics and extra are JSON-parsed on their own, the shape and the extra (when it
-    names no data file) once per distinct text, their objects shared by the records spelling
-    them alike (records are read-only). :meth:`parse` returns exactly ``json.loads(line)``, or
+    shape, statistics and extra are JSON-parsed on their own, the shape and the extra once per
+    distinct text (the extra's data file name and dataflow split off first: they differ from
+    record to record), their objects shared by the records spelling them alike (records are
+    read-only). :meth:`parse` returns exactly ``json.loads(line)``, or
     None for any other line (which then goes through ``json.loads`` and every check); ``hit``:
     the last line was parsed here (its nesting is checked here: the extra at most
     ``MAX_DEPTH - 1`` deep)."""
