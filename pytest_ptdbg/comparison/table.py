@@ -327,6 +327,44 @@ def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Opti
     return r
 
 
+#: the columns of a summary compare, in the order :func:`_stats_row` gives its values
+_STATS_ROW_COLUMNS = ("NPU Name", "Bench Name", "NPU Tensor Dtype", "Bench Tensor Dtype", "NPU Tensor Shape",
+                      "Bench Tensor Shape", "Max diff", "Min diff", "Mean diff", "L2norm diff",
+                      "NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean",
+                      "Bench l2norm", "Accuracy Reached or Not", "Err_message", "_api", "_bench_api", "_family",
+                      "_direction", "_io", "_index", "_order", "_ctx", "_stack", "_paired", "_rel_l2",
+                      "_nan_mismatch", "_npu_nonfinite", "_bench_nonfinite", "_passed", "_unusable", "_arg",
+                      "_arg_changed", "_code_path")
+assert list(_STATS_ROW_COLUMNS) == [str(c) for c in SUMMARY_COLUMNS + INTERNAL_COLUMNS], \
+    "_stats_row gives the summary compare's columns in their order"
+
+
+def _nonfinite4(t: TensorRec) -> int:
+    """:func:`_nonfinite_from_stats` of a record whose statistics are four floats."""
+    if "nan" in t.extra or "inf" in t.extra:
+        return t.nonfinite
+    a, b, c, d = t.stats
+    return int(not (_isfinite(a) and _isfinite(b) and _isfinite(c) and _isfinite(d)))
+
+
+_isfinite = math.isfinite
+_NAN = math.nan
+
+
+def _stats_row(nt: TensorRec, bt: TensorRec, na: ApiRec, ba: ApiRec, stack: Optional[list], nnf: int,
+               bnf: int) -> tuple:
+    """The row :func:`_row` makes for a pair of a summary compare whose statistics are four floats on
+    both sides (``nt`` of call ``na``, ``bt`` of ``ba``; nonfinite counts ``nnf``, ``bnf``), as one
+    tuple in column order (:data:`_STATS_ROW_COLUMNS`): no dict, and the same values."""
+    n0, n1, n2, n3 = nt.stats
+    b0, b1, b2, b3 = bt.stats
+    nan = _NAN
+    return (nt.name, bt.name, nt.dtype, bt.dtype, _shape_list(nt.shape), _shape_list(bt.shape),
+            nan, nan, nan, nan, n0, n1, n2, n3, b0, b1, b2, b3, "", "",
+            na.key, ba.key, na.family, na.direction, nt.io, nt.index_str, na.order, na.ctx or ba.ctx, stack, True,
+            nan, False, nnf, bnf, True, False, "", False, "")
+
+
 def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack: Optional[list], summary: bool, rule: Rule,
               th: V.Thresholds) -> Tuple[List[dict], Set[str], Set[str]]:
     """One row per argument leaf of a paired call; the record slots they stand for on each side."""
@@ -448,6 +486,14 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
             if arg_rows and k == n_inputs:
                 rows.extend(arg_rows)
                 arg_rows = []
+            if summary and nt is not None and bt is not None and _four_floats(nt.stats) \
+                    and _four_floats(bt.stats) and tuple(nt.shape) == tuple(bt.shape) \
+                    and dtype_class(nt.dtype) == dtype_class(bt.dtype) and na is not None and ba is not None:
+                # the common case: judged with the others at once over arrays (_summary_rows)
+                nnf, bnf = _nonfinite4(nt), _nonfinite4(bt)
+                deferred.append((len(rows), nt, bt, nnf, bnf))
+                rows.add(_stats_row(nt, bt, na, ba, stack, nnf, bnf))
+                continue
             r = _row(nt, bt, api, na, ba, stack, summary)
             if nt is None or bt is None:
                 if na is None or ba is None:
@@ -464,11 +510,8 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
             elif dtype_class(nt.dtype) != dtype_class(bt.dtype):
                 _unusable(r, f"dtype class changed: NPU {nt.dtype} ({dtype_class(nt.dtype)}) vs bench "
                              f"{bt.dtype} ({dtype_class(bt.dtype)})")
-            elif summary:
-                if _four_floats(nt.stats) and _four_floats(bt.stats):
-                    deferred.append((len(rows), nt, bt, r["_npu_nonfinite"], r["_bench_nonfinite"]))
-                else:
-                    _summary_row(r, nt, bt, rule, th)
+            elif summary:   # statistics that are not four floats (the others are deferred above)
+                _summary_row(r, nt, bt, rule, th)
             elif nt.data_file and bt.data_file:
                 tol: _Tol = None
                 if rule == Rule.DTYPE:
@@ -581,6 +624,12 @@ class _Columns:
 
     def __len__(self) -> int:
         return self._done + len(self.rows)
+
+    def add(self, values: tuple) -> None:
+        """A finished row given as its values in column order."""
+        self.rows.append(values)
+        if len(self.rows) >= ROWS_PER_BLOCK:
+            self._flush()
 
     def append(self, r: dict) -> None:
         self.rows.append(self._get(r))
