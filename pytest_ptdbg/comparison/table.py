@@ -150,25 +150,33 @@ def _compare_job(nt: _Saved, bt: _Saved, tol: _Tol) -> Tuple[Optional[M.PairMetr
                 s.close()
 
 
-def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec],
-                  skip: Callable[[TensorRec], bool] = lambda t: False,
-                  skip_bench: Optional[Callable[[TensorRec], bool]] = None) -> List[_Pair]:
-    """The tensor records of two paired calls, paired by their bound slot (``TensorRec.param``);
-    ``skip`` leaves records out (``skip_bench`` on the bench side, when it differs)."""
-    skip_b = skip if skip_bench is None else skip_bench
-    nts = [t for t in na.tensors if not skip(t)] if na else []
-    bts = [t for t in ba.tensors if not skip_b(t)] if ba else []
-    by_slot = {t.param or t.slot: t for t in bts}
+def _pair_records(nts: Sequence[TensorRec], bts: Sequence[TensorRec]) -> List[_Pair]:
+    """Two paired calls' tensor records (``nts`` of the NPU call, ``bts`` of the bench call, each in
+    record order), paired by their bound slot (``TensorRec.param``, else the recorded slot): the NPU
+    records in order, each with the bench record of its slot or None, then the bench records of
+    slots the NPU side lacks."""
+    n_keys = [t.param or t.slot for t in nts]
+    b_keys = [t.param or t.slot for t in bts]
+    if n_keys == b_keys and len(set(b_keys)) == len(b_keys):
+        return list(zip(nts, bts))   # the usual case: the same slots in the same order, each once
+    by_slot = dict(zip(b_keys, bts))
     used = set()
     out: List[_Pair] = []
-    for t in nts:
-        s = t.param or t.slot
+    for t, s in zip(nts, n_keys):
         b = by_slot.get(s)
         if b is not None:
             used.add(s)
         out.append((t, b))
-    out.extend((None, b) for b in bts if (b.param or b.slot) not in used)
+    out.extend((None, b) for b, s in zip(bts, b_keys) if s not in used)
     return out
+
+
+def _split_scalars(ts: Sequence[TensorRec]) -> Tuple[List[TensorRec], List[TensorRec]]:
+    """``(tensor records, Python number records)`` of a call, each in record order."""
+    tensors, scalars = [], []
+    for t in ts:
+        (scalars if A.is_scalar_record(t) else tensors).append(t)
+    return tensors, scalars
 
 
 def _either(nt: Optional[TensorRec], bt: Optional[TensorRec]) -> TensorRec:
@@ -176,14 +184,6 @@ def _either(nt: Optional[TensorRec], bt: Optional[TensorRec]) -> TensorRec:
     t = nt or bt
     assert t is not None, "a tensor pair has at least one side"
     return t
-
-
-def _not_left_over(used: Set[str]) -> Callable[[TensorRec], bool]:
-    """Skips all but the scalar records the call specs do not account for: ``used`` holds the
-    record slots an argument row stands for, on one side."""
-    def skip(t: TensorRec) -> bool:
-        return not A.is_scalar_record(t) or t.slot in used
-    return skip
 
 
 def _loader(t: TensorRec) -> np.ndarray:
@@ -365,12 +365,14 @@ def _stats_row(nt: TensorRec, bt: TensorRec, na: ApiRec, ba: ApiRec, stack: Opti
             nan, False, nnf, bnf, True, False, "", False, "")
 
 
-def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack: Optional[list], summary: bool, rule: Rule,
+def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, n_num: List[TensorRec], b_num: List[TensorRec],
+              stack: Optional[list], summary: bool, rule: Rule,
               th: V.Thresholds) -> Tuple[List[dict], Set[str], Set[str]]:
-    """One row per argument leaf of a paired call; the record slots they stand for on each side."""
+    """One row per argument leaf of a paired call (``n_num``, ``b_num``: its Python number records
+    on each side); the record slots they stand for on each side."""
     rows = []
-    n_rec = {t.slot: t for t in na.tensors if A.is_scalar_record(t)}
-    b_rec = {t.slot: t for t in ba.tensors if A.is_scalar_record(t)}
+    n_rec = {t.slot: t for t in n_num}
+    b_rec = {t.slot: t for t in b_num}
     used_n: Set[str] = set()
     used_b: Set[str] = set()
     sep_n, sep_b = A.name_sep(na.key), A.name_sep(ba.key)
@@ -475,12 +477,17 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
             if na is not None and ba is not None else None
         arg_rows: List[dict] = []
         if na is not None and ba is not None and leaves is not None:
-            pairs = _pair_tensors(na, ba, A.is_scalar_record)
-            arg_rows, used_n, used_b = _arg_rows(leaves, na, ba, stack, summary, rule, th)
+            n_ten, n_num = _split_scalars(na.tensors)
+            b_ten, b_num = _split_scalars(ba.tensors)
+            pairs = _pair_records(n_ten, b_ten)
+            arg_rows, used_n, used_b = _arg_rows(leaves, na, ba, n_num, b_num, stack, summary, rule, th)
             # scalar records the call specs do not account for: compared slot by slot
-            pairs += _pair_tensors(na, ba, _not_left_over(used_n), _not_left_over(used_b))
+            n_left = [t for t in n_num if t.slot not in used_n]
+            b_left = [t for t in b_num if t.slot not in used_b]
+            if n_left or b_left:
+                pairs += _pair_records(n_left, b_left)
         else:
-            pairs = _pair_tensors(na, ba)
+            pairs = _pair_records(na.tensors if na else (), ba.tensors if ba else ())
         n_inputs = sum(1 for nt, bt in pairs if _either(nt, bt).io == "input") if arg_rows else 0
         for k, (nt, bt) in enumerate(pairs):
             if arg_rows and k == n_inputs:
