@@ -376,6 +376,9 @@ def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, n_num: List[Tenso
     used_n: Set[str] = set()
     used_b: Set[str] = set()
     sep_n, sep_b = A.name_sep(na.key), A.name_sep(ba.key)
+    nan, missing, leaf_value, leaf_dtype, isfinite = math.nan, A.MISSING, A.leaf_value, A.leaf_dtype, math.isfinite
+    key, bench_key, family, direction, order = na.key, ba.key, na.family, na.direction, na.order
+    ctx = na.ctx or ba.ctx
     for leaf in leaves:
         if leaf.status == "ignored" and not (leaf.npu_slot in n_rec or leaf.bench_slot in b_rec):
             continue   # ignored and not recorded either side: nothing to show
@@ -383,49 +386,49 @@ def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, n_num: List[Tenso
         used_n.add(leaf.npu_slot)
         used_b.add(leaf.bench_slot)
         sub = "".join(f".{i}" for i in leaf.path)
-        r = _row(nrec, brec, na, na, ba, stack, summary)
-        have_n, have_b = leaf.npu_value is not A.MISSING, leaf.bench_value is not A.MISSING
-        r["NPU Name"] = nrec.name if nrec else (
-            f"{na.key}{sep_n}{leaf.npu_slot or 'input.' + leaf.param + sub}" if have_n else "")
-        r["Bench Name"] = brec.name if brec else (
-            f"{ba.key}{sep_b}{leaf.bench_slot or 'input.' + leaf.param + sub}" if have_b else "")
-        r["NPU Tensor Dtype"] = nrec.dtype if nrec else (A.leaf_dtype(leaf.npu_value) if have_n else "")
-        r["Bench Tensor Dtype"] = brec.dtype if brec else (A.leaf_dtype(leaf.bench_value) if have_b else "")
-        r["NPU Tensor Shape"] = []
-        r["Bench Tensor Shape"] = []
-        a, b = A.leaf_value(leaf.npu_value), A.leaf_value(leaf.bench_value)
-        for side, v in (("NPU", a), ("Bench", b)):
-            for k in ("max", "min", "mean"):
-                r[f"{side} {k}"] = v if v is not None else math.nan
-            r[f"{side} l2norm"] = abs(v) if v is not None else math.nan
-        r["_io"] = "input"
-        r["_index"] = (leaf.npu_slot or leaf.bench_slot or "input." + leaf.param + sub)[len("input."):]
-        r["_paired"] = have_n and have_b
-        r["_arg"] = leaf.param
-        r["_npu_nonfinite"] = int(a is not None and not math.isfinite(a))
-        r["_bench_nonfinite"] = int(b is not None and not math.isfinite(b))
-        # an argument row carries no tensor error (_rel_l2 0, no summary diffs): what it says is
-        # _arg_changed; its values are in the statistics columns, their difference in MaxAbsErr
-        r["_rel_l2"] = 0.0 if have_n and have_b else math.nan
-        if a is not None and b is not None and not summary:
-            m = M.compare_arrays(np.array(a), np.array(b), eps=M.zero_eps(r["Bench Tensor Dtype"]))
-            r["MaxAbsErr"], r["MaxRelativeErr"] = m.max_abs_err, m.max_rel_err
-            r["One Thousandth Err Ratio"], r["Five Thousandths Err Ratio"] = m.one_thousandth, m.five_thousandths
+        nv, bv = leaf.npu_value, leaf.bench_value
+        have_n, have_b = nv is not missing, bv is not missing
+        n_dtype = nrec.dtype if nrec else (leaf_dtype(nv) if have_n else "")
+        b_dtype = brec.dtype if brec else (leaf_dtype(bv) if have_b else "")
+        a, b = leaf_value(nv), leaf_value(bv)
         status, message = leaf.status, leaf.message
         if status == "changed" and rule == Rule.DTYPE and a is not None and b is not None \
-                and not isinstance(leaf.npu_value, bool) and not isinstance(leaf.bench_value, bool):
+                and not isinstance(nv, bool) and not isinstance(bv, bool):
             # the dtype rule's tolerances (the user's rtol/atol) apply to numbers, arguments included
-            rtol, atol = V.tolerance(r["NPU Tensor Dtype"], r["Bench Tensor Dtype"], th)
+            rtol, atol = V.tolerance(n_dtype, b_dtype, th)
             if abs(a - b) <= atol + rtol * abs(b):
                 status, message = "same", f"{leaf.message} (within the dtype rule's tolerance)"
-        if status == "changed":
-            r["Accuracy Reached or Not"] = "No"
-            r["_passed"] = False
-            r["_arg_changed"] = True
-        else:
-            r["Accuracy Reached or Not"] = "Yes" if status == "same" else ""
-            r["_passed"] = True
-        r["Err_message"] = message
+        changed = status == "changed"
+        an = a if a is not None else nan
+        bn = b if b is not None else nan
+        # an argument row carries no tensor error (_rel_l2 0, no summary diffs): what it says is
+        # _arg_changed; its values are in the statistics columns, their difference in MaxAbsErr.
+        # Both kinds of compare's metric cells are here (the table takes its own columns).
+        r = {"NPU Name": nrec.name if nrec else (f"{key}{sep_n}{leaf.npu_slot or 'input.' + leaf.param + sub}"
+                                                 if have_n else ""),
+             "Bench Name": brec.name if brec else (
+                 f"{bench_key}{sep_b}{leaf.bench_slot or 'input.' + leaf.param + sub}" if have_b else ""),
+             "NPU Tensor Dtype": n_dtype, "Bench Tensor Dtype": b_dtype, "NPU Tensor Shape": [],
+             "Bench Tensor Shape": [],
+             "Max diff": nan, "Min diff": nan, "Mean diff": nan, "L2norm diff": nan,
+             "Cosine": nan, "MaxAbsErr": nan, "MaxRelativeErr": nan, "One Thousandth Err Ratio": nan,
+             "Five Thousandths Err Ratio": nan,
+             "NPU max": an, "NPU min": an, "NPU mean": an, "NPU l2norm": abs(a) if a is not None else nan,
+             "Bench max": bn, "Bench min": bn, "Bench mean": bn, "Bench l2norm": abs(b) if b is not None else nan,
+             "Accuracy Reached or Not": "No" if changed else ("Yes" if status == "same" else ""),
+             "Err_message": message,
+             "_api": key, "_bench_api": bench_key, "_family": family, "_direction": direction, "_io": "input",
+             "_index": (leaf.npu_slot or leaf.bench_slot or "input." + leaf.param + sub)[len("input."):],
+             "_order": order, "_ctx": ctx, "_stack": stack, "_paired": have_n and have_b,
+             "_rel_l2": 0.0 if have_n and have_b else nan, "_nan_mismatch": False,
+             "_npu_nonfinite": int(a is not None and not isfinite(a)),
+             "_bench_nonfinite": int(b is not None and not isfinite(b)),
+             "_passed": not changed, "_unusable": False, "_arg": leaf.param, "_arg_changed": changed,
+             "_code_path": ""}
+        if a is not None and b is not None and not summary:
+            m = M.compare_arrays(np.array(a), np.array(b), eps=M.zero_eps(b_dtype))
+            r["MaxAbsErr"], r["MaxRelativeErr"] = m.max_abs_err, m.max_rel_err
+            r["One Thousandth Err Ratio"], r["Five Thousandths Err Ratio"] = m.one_thousandth, m.five_thousandths
         rows.append(r)
     return rows, used_n, used_b
 
