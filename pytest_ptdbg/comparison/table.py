@@ -173,7 +173,8 @@ def _pair_records(nts: Sequence[TensorRec], bts: Sequence[TensorRec]) -> List[_P
 
 def _split_scalars(ts: Sequence[TensorRec]) -> Tuple[List[TensorRec], List[TensorRec]]:
     """``(tensor records, Python number records)`` of a call, each in record order."""
-    tensors, scalars = [], []
+    tensors: List[TensorRec] = []
+    scalars: List[TensorRec] = []
     for t in ts:
         (scalars if A.is_scalar_record(t) else tensors).append(t)
     return tensors, scalars
