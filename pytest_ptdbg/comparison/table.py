@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+from itertools import chain
 from operator import itemgetter
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple, Union
@@ -48,8 +49,8 @@ from pytest_ptdbg.comparison.binding import bind_apis
 from pytest_ptdbg.comparison.operands import cross_operands
 from pytest_ptdbg.comparison.pairing import dtype_class, pair_dumps
 from pytest_ptdbg.comparison.rule import Rule
-from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, SUMMARY_COLUMNS, SUMMARY_DIFF_COLUMNS,
-                                             CompareTable)
+from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, STAT_COLUMNS, SUMMARY_COLUMNS,
+                                             SUMMARY_DIFF_COLUMNS, CompareTable)
 from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
 from pytest_ptdbg.runtime.gc_pause import paused_gc
@@ -356,12 +357,11 @@ def _stats_row(nt: TensorRec, bt: TensorRec, na: ApiRec, ba: ApiRec, stack: Opti
                bnf: int) -> tuple:
     """The row :func:`_row` makes for a pair of a summary compare whose statistics are four floats on
     both sides (``nt`` of call ``na``, ``bt`` of ``ba``; nonfinite counts ``nnf``, ``bnf``), as one
-    tuple in column order (:data:`_STATS_ROW_COLUMNS`): no dict, and the same values."""
-    n0, n1, n2, n3 = nt.stats
-    b0, b1, b2, b3 = bt.stats
+    tuple in column order (:data:`_STATS_ROW_COLUMNS`), no dict; its statistics cells are NaN,
+    filled in from arrays with the cells :func:`_summary_rows` judges (:data:`_DEFERRED_COLUMNS`)."""
     nan = _NAN
     return (nt.name, bt.name, nt.dtype, bt.dtype, _shape_list(nt.shape), _shape_list(bt.shape),
-            nan, nan, nan, nan, n0, n1, n2, n3, b0, b1, b2, b3, "", "",
+            nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, "", "",
             na.key, ba.key, na.family, na.direction, nt.io, nt.index_str, na.order, na.ctx or ba.ctx, stack, True,
             nan, False, nnf, bnf, True, False, "", False, "")
 
@@ -560,14 +560,17 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
         _run_jobs(data, jobs, rule, th, problems, tell, workers)
         bar.close()
     jobs = []
-    if deferred:
-        _summary_rows(data, deferred, rule, th)
+    rows_judged, judged = _summary_rows(data, deferred, rule, th) if deferred else (np.zeros(0, np.intp), {})
     deferred = []
     import pandas as pd   # here, not at import: worker processes import this module (runtime/pool.py)
 
     # from columns (pandas builds a frame from a list of dicts cell by cell), each column of one
     # Python type as its numpy array (what pandas would infer from the list, without inferring)
-    df = pd.DataFrame({c: _typed(data.pop(c)) for c in cols}, columns=cols) if n_rows \
+    def column(c: str) -> Union[list, np.ndarray]:
+        col = _typed(data.pop(c))
+        return _patched(col, rows_judged, judged[c]) if c in judged else col
+
+    df = pd.DataFrame({c: column(c) for c in cols}, columns=cols) if n_rows \
         else pd.DataFrame({c: [] for c in cols})
     df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule,
                      "pairing": pairing})
@@ -736,15 +739,26 @@ def _four_floats(stats: M.Stats) -> bool:
     return a.__class__ is float and b.__class__ is float and c.__class__ is float and d.__class__ is float
 
 
-def _summary_rows(data: Dict[str, list], deferred: list, rule: Rule, th: V.Thresholds) -> None:
+#: the cells of a deferred row (:func:`_stats_row`) that :func:`_summary_rows` gives as arrays:
+#: the row holds a value of the same Python type there (NaN, True, False), so that the column's
+#: type (:func:`_typed`) is the one of its final values
+_DEFERRED_COLUMNS = tuple(str(c) for c in SUMMARY_DIFF_COLUMNS + STAT_COLUMNS) + ("_rel_l2", "_passed",
+                                                                                  "_nan_mismatch")
+
+
+def _summary_rows(data: Dict[str, list], deferred: list, rule: Rule,
+                  th: V.Thresholds) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
     """:func:`_summary_row` of the rows whose two sides both have four float statistics, at once
-    over arrays (``verdict.summary_verdicts``, ``metrics.summary_diffs_rel_l2``): the same values
-    in the column lists ``data``."""
-    idx = [d[0] for d in deferred]
-    n = np.array([d[1].stats for d in deferred], dtype=np.float64)
-    b = np.array([d[2].stats for d in deferred], dtype=np.float64)
-    nnf = np.array([d[3] for d in deferred], dtype=np.int64)
-    bnf = np.array([d[4] for d in deferred], dtype=np.int64)
+    over arrays (``verdict.summary_verdicts``, ``metrics.summary_diffs_rel_l2``): the same values.
+    The text cells are set in the column lists ``data``; returned: the rows, and the values of
+    their :data:`_DEFERRED_COLUMNS` cells (float64 or bool arrays), to set with :func:`_patched`."""
+    m = len(deferred)
+    idx = np.fromiter(map(itemgetter(0), deferred), np.intp, m)
+    # four floats a side (checked when the row was deferred): one flat run each, not m small lists
+    n = np.fromiter(chain.from_iterable([d[1].stats for d in deferred]), np.float64, 4 * m).reshape(m, 4)
+    b = np.fromiter(chain.from_iterable([d[2].stats for d in deferred]), np.float64, 4 * m).reshape(m, 4)
+    nnf = np.fromiter(map(itemgetter(3), deferred), np.int64, m)
+    bnf = np.fromiter(map(itemgetter(4), deferred), np.int64, m)
     rt = at = sizes = None
     if rule == Rule.DTYPE:
         tols: dict = {}
@@ -756,20 +770,31 @@ def _summary_rows(data: Dict[str, list], deferred: list, rule: Rule, th: V.Thres
         sizes = np.array([float(max(math.prod(int(s) for s in d[1].shape), 1)) for d in deferred])
     codes, mism = V.summary_verdicts(n, b, nnf, bnf, rule, th, rt, at, sizes)
     diffs, rel = M.summary_diffs_rel_l2(n, b)
+    cells: Dict[str, np.ndarray] = {}
     for k, c in enumerate(SUMMARY_DIFF_COLUMNS):
-        col, vals = data[c], diffs[:, k].tolist()
-        for i, v in zip(idx, vals):
-            col[i] = v
+        cells[str(c)] = diffs[:, k]
+    for k, c in enumerate(STAT_COLUMNS):
+        cells[str(c)] = (n if k < 4 else b)[:, k % 4]
+    cells["_rel_l2"], cells["_passed"], cells["_nan_mismatch"] = rel, codes != 2, mism
+    assert set(cells) == set(_DEFERRED_COLUMNS)
     text = V.VERDICT_TEXT
-    acc, msg, passed = data["Accuracy Reached or Not"], data["Err_message"], data["_passed"]
-    rl2, nm = data["_rel_l2"], data["_nan_mismatch"]
+    acc, msg = data["Accuracy Reached or Not"], data["Err_message"]
     bad_msg = "NaN/Inf counts or statistics do not match"
-    for i, code, m, r in zip(idx, codes.tolist(), mism.tolist(), rel.tolist()):
+    for i, code, bad in zip(idx.tolist(), codes.tolist(), mism.tolist()):
         acc[i] = text[code]
-        passed[i] = code != 2
-        msg[i] = bad_msg if m else ""
-        rl2[i] = r
-        nm[i] = m
+        msg[i] = bad_msg if bad else ""
+    return idx, cells
+
+
+def _patched(col: Union[list, np.ndarray], rows: np.ndarray, values: np.ndarray) -> Union[list, np.ndarray]:
+    """The typed column ``col`` (:func:`_typed`) with its cells ``rows`` set to ``values``: into the
+    array, or, where it stayed a list, each cell as the Python value."""
+    if isinstance(col, np.ndarray):
+        col[rows] = values
+        return col
+    for i, v in zip(rows.tolist(), values.tolist()):
+        col[i] = v
+    return col
 
 
 def _typed(values: list) -> Union[list, np.ndarray]:

@@ -37,7 +37,10 @@ def test_stats_row_is_the_row_in_column_order(ctx, stats, extra):
     assert (nnf, bnf) == (T._nonfinite_from_stats(nt), T._nonfinite_from_stats(bt))
     got = T._stats_row(nt, bt, na, ba, na.stack, nnf, bnf)
     assert len(got) == len(_COLS)
-    # NaN cells compare by identity in a tuple; spell them out
-    assert [("nan" if isinstance(v, float) and math.isnan(v) else v) for v in got] == \
-        [("nan" if isinstance(v, float) and math.isnan(v) else v) for v in want]
+    # the cells _summary_rows fills in hold a value of the type they get; the others are the row's
     assert [type(v) for v in got] == [type(v) for v in want]
+    later = set(T._DEFERRED_COLUMNS)
+    assert later >= {"NPU max", "Bench l2norm", "Max diff", "_passed"}
+    # NaN cells compare by identity in a tuple; spell them out
+    assert [("nan" if isinstance(v, float) and math.isnan(v) else v) for c, v in zip(_COLS, got) if c not in later] == \
+        [("nan" if isinstance(v, float) and math.isnan(v) else v) for c, v in zip(_COLS, want) if c not in later]
