@@ -341,12 +341,26 @@ assert list(_STATS_ROW_COLUMNS) == [str(c) for c in SUMMARY_COLUMNS + INTERNAL_C
     "_stats_row gives the summary compare's columns in their order"
 
 
-def _nonfinite4(t: TensorRec) -> int:
-    """:func:`_nonfinite_from_stats` of a record whose statistics are four floats."""
-    if "nan" in t.extra or "inf" in t.extra:
-        return t.nonfinite
-    a, b, c, d = t.stats
-    return int(not (_isfinite(a) and _isfinite(b) and _isfinite(c) and _isfinite(d)))
+def _four_float_pair(nt: TensorRec, bt: TensorRec) -> Optional[Tuple[int, int]]:
+    """The nonfinite counts (:func:`_nonfinite_from_stats`) of two records whose statistics are both
+    four floats (:func:`_four_floats`); None when they are not."""
+    ns, bs = nt.stats, bt.stats
+    if ns.__class__ is not list or bs.__class__ is not list or len(ns) != 4 or len(bs) != 4:
+        return None
+    n0, n1, n2, n3 = ns
+    b0, b1, b2, b3 = bs
+    if not (n0.__class__ is float and n1.__class__ is float and n2.__class__ is float and n3.__class__ is float
+            and b0.__class__ is float and b1.__class__ is float and b2.__class__ is float
+            and b3.__class__ is float):
+        return None
+    fin = _isfinite
+    e = nt.extra
+    nnf = nt.nonfinite if "nan" in e or "inf" in e else \
+        int(not (fin(n0) and fin(n1) and fin(n2) and fin(n3)))
+    e = bt.extra
+    bnf = bt.nonfinite if "nan" in e or "inf" in e else \
+        int(not (fin(b0) and fin(b1) and fin(b2) and fin(b3)))
+    return nnf, bnf
 
 
 _isfinite = math.isfinite
@@ -497,14 +511,14 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
             if arg_rows and k == n_inputs:
                 rows.extend(arg_rows)
                 arg_rows = []
-            if summary and nt is not None and bt is not None and _four_floats(nt.stats) \
-                    and _four_floats(bt.stats) and tuple(nt.shape) == tuple(bt.shape) \
-                    and dtype_class(nt.dtype) == dtype_class(bt.dtype) and na is not None and ba is not None:
-                # the common case: judged with the others at once over arrays (_summary_rows)
-                nnf, bnf = _nonfinite4(nt), _nonfinite4(bt)
-                deferred.append((len(rows), nt, bt, nnf, bnf))
-                rows.add(_stats_row(nt, bt, na, ba, stack, nnf, bnf))
-                continue
+            if summary and nt is not None and bt is not None and na is not None and ba is not None \
+                    and tuple(nt.shape) == tuple(bt.shape) \
+                    and (nt.dtype == bt.dtype or dtype_class(nt.dtype) == dtype_class(bt.dtype)):
+                nf = _four_float_pair(nt, bt)
+                if nf is not None:
+                    # the common case: judged with the others at once over arrays (_summary_rows)
+                    deferred.append((rows.add(_stats_row(nt, bt, na, ba, stack, *nf)), nt, bt) + nf)
+                    continue
             r = _row(nt, bt, api, na, ba, stack, summary)
             if nt is None or bt is None:
                 if na is None or ba is None:
@@ -639,11 +653,13 @@ class _Columns:
     def __len__(self) -> int:
         return self._done + len(self.rows)
 
-    def add(self, values: tuple) -> None:
-        """A finished row given as its values in column order."""
+    def add(self, values: tuple) -> int:
+        """A finished row given as its values in column order; returns its index."""
+        i = self._done + len(self.rows)
         self.rows.append(values)
         if len(self.rows) >= ROWS_PER_BLOCK:
             self._flush()
+        return i
 
     def append(self, r: dict) -> None:
         self.rows.append(self._get(r))
