@@ -28,7 +28,10 @@ The table is built with the garbage collector paused: each finished row is one t
 order, transposed into one list per column at the end, and a column of one Python type goes to
 pandas as its numpy array. Statistics-only rows whose sides both have four float statistics are
 judged at once over arrays (``verdict.summary_verdicts``, ``metrics.summary_diffs_rel_l2``: the
-same values as the row-by-row ``_summary_row``, which judges the others).
+same values as the row-by-row ``_summary_row``, which judges the others); such a row is built as
+its tuple directly (``_stats_row``, no row dict), and its statistics and judged number cells go
+into the typed columns as those arrays (``_patched``; the row holds a value of the same type there
+until then, so a column's type is that of its final values).
 """
 from __future__ import annotations
 
