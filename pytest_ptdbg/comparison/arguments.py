@@ -33,7 +33,7 @@ side only and no default known).
 """
 from __future__ import annotations
 
-import json
+import marshal
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
@@ -324,8 +324,8 @@ def compare_arguments(npu_api: ApiRec, bench_api: ApiRec, npu_kw_named: bool = F
     try:
         key = (npu_api.api_type, npu_api.api_name, bench_api.api_type, bench_api.api_name,
                _input_rank(npu_api), _input_rank(bench_api), npu_kw_named, bench_kw_named,
-               _ENCODE((sn.get("args", []), sn.get("kwargs", {}))),
-               _ENCODE((sb.get("args", []), sb.get("kwargs", {}))))
+               _frozen((sn.get("args", []), sn.get("kwargs", {}))),
+               _frozen((sb.get("args", []), sb.get("kwargs", {}))))
     except (TypeError, ValueError):
         key = None
     if key is not None:
@@ -340,7 +340,14 @@ def compare_arguments(npu_api: ApiRec, bench_api: ApiRec, npu_kw_named: bool = F
     return out
 
 
-_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
+def _frozen(v: Any) -> bytes:
+    """``v`` as bytes that equal another value's only when the two values are equal, types and dict
+    order included (the memo's key of a call spec): ``marshal`` version 2 has one code per type and
+    no back-references (version 3's depend on reference counts), floats bit for bit; it takes the
+    exact built-in types only (a spec's JSON values) and raises ValueError for anything else."""
+    return marshal.dumps(v, 2)
+
+
 _MEMO: Dict[tuple, List["ArgLeaf"]] = {}
 _MEMO_MAX = 100_000
 

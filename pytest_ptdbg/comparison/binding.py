@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 
 __all__ = ["bind_apis", "bound_slots", "bound_slot"]
 
+#: call specs' slot mappings by their structure (``_MEMO``) and by their values (``_MEMO_VALUES``)
 _MEMO: Dict[Tuple[Any, ...], Dict[str, str]] = {}
+_MEMO_VALUES: Dict[Tuple[Any, ...], Dict[str, str]] = {}
 _MEMO_MAX = 100_000
 
 
@@ -60,10 +62,21 @@ def _suffix(path: Tuple[int, ...]) -> str:
 def bound_slots(api: ApiRec, spec: dict, kw_named: bool = False) -> Dict[str, str]:
     """``{recorded input slot: bound slot}`` of one forward call (``input.2`` -> ``input.bias``)."""
     args, kwargs = spec.get("args", []), spec.get("kwargs", {})
+    rank = A._input_rank(api)
+    try:
+        # first by the spec's values (a call made again, every layer, every step: cheaper to key);
+        # equal values have an equal structure, so this memo gives what the one below gives
+        vkey: Optional[Tuple[Any, ...]] = (api.api_type, api.api_name, rank, kw_named, A._frozen((args, kwargs)))
+    except (TypeError, ValueError):
+        vkey = None
+    if vkey is not None:
+        hit = _MEMO_VALUES.get(vkey)
+        if hit is not None:
+            return hit
     try:
         # what the mapping depends on: the API, its input's rank (dims), and the spec's structure
         # (tensors, lists, Python values by kind), never the values of its numbers
-        key: Optional[Tuple[Any, ...]] = (api.api_type, api.api_name, A._input_rank(api), kw_named,
+        key: Optional[Tuple[Any, ...]] = (api.api_type, api.api_name, rank, kw_named,
                                           tuple(_structure(a) for a in args),
                                           tuple((k, _structure(v)) for k, v in kwargs.items()))
     except (TypeError, RecursionError):
@@ -71,6 +84,7 @@ def bound_slots(api: ApiRec, spec: dict, kw_named: bool = False) -> Dict[str, st
     if key is not None:
         hit = _MEMO.get(key)
         if hit is not None:
+            _remember(_MEMO_VALUES, vkey, hit)
             return hit
     out: Dict[str, str] = {}
     for p in A._params(api, spec, kw_named).values():
@@ -84,11 +98,17 @@ def bound_slots(api: ApiRec, spec: dict, kw_named: bool = False) -> Dict[str, st
                 out[v.slot] = bound
             elif p.slot:
                 out[A._slot(p.slot, path, p.packed)] = bound
-    if key is not None:
-        if len(_MEMO) >= _MEMO_MAX:
-            _MEMO.clear()
-        _MEMO[key] = out
+    _remember(_MEMO, key, out)
+    _remember(_MEMO_VALUES, vkey, out)
     return out
+
+
+def _remember(memo: Dict[Tuple[Any, ...], Dict[str, str]], key: Optional[Tuple[Any, ...]],
+              value: Dict[str, str]) -> None:
+    if key is not None:
+        if len(memo) >= _MEMO_MAX:
+            memo.clear()
+        memo[key] = value
 
 
 def bound_slot(slot: str, io: str, direction: str, mapping: Dict[str, str]) -> str:

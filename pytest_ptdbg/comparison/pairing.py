@@ -101,11 +101,31 @@ def signature(api: ApiRec) -> ApiSig:
     Records of Python number arguments (``int``/``float`` dtype, shape []) are not part of the
     structure: an extra or missing non-tensor argument (``_stacklevel=3``, an explicit default)
     never unpairs a call nor weakens its pair; the table compares arguments by name instead."""
-    st = [(t.param or t.slot, dtype_class(t.dtype), tuple(t.shape)) for t in api.tensors
-          if not (tuple(t.shape) == () and not str(t.dtype).startswith("torch."))]
-    if api.op in COMMUTATIVE:
-        st = _operands_unordered(st)
-    return ApiSig(api.op or api.family, api.direction, api.call_index, tuple(sorted(st)))
+    op = api.op
+    # the structure depends on the records' bound slots, dtypes and shapes (in record order) and on
+    # whether the operation is commutative: remembered by exactly those (a loop repeats a few)
+    key = (op, tuple([(t.param or t.slot, t.dtype, t.shape) for t in api.tensors]))
+    try:
+        structure = _STRUCTURES.get(key)
+        memo = True
+    except TypeError:   # an unhashable shape: computed, not remembered
+        structure, memo = None, False
+    if structure is None:
+        st = [(t.param or t.slot, dtype_class(t.dtype), tuple(t.shape)) for t in api.tensors
+              if not (tuple(t.shape) == () and not str(t.dtype).startswith("torch."))]
+        if op in COMMUTATIVE:
+            st = _operands_unordered(st)
+        structure = tuple(sorted(st))
+        if memo:
+            if len(_STRUCTURES) >= _STRUCTURES_MAX:
+                _STRUCTURES.clear()
+            _STRUCTURES[key] = structure
+    return ApiSig(op or api.family, api.direction, api.call_index, structure)
+
+
+#: :attr:`ApiSig.structure` by what it is computed from (``signature``)
+_STRUCTURES: Dict[tuple, Tuple[Tuple[str, str, Tuple[int, ...]], ...]] = {}
+_STRUCTURES_MAX = 1 << 14
 
 
 #: a commutative call's operands (and their gradients), named by their order in the structure

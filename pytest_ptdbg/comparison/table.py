@@ -28,12 +28,16 @@ The table is built with the garbage collector paused: each finished row is one t
 order, transposed into one list per column at the end, and a column of one Python type goes to
 pandas as its numpy array. Statistics-only rows whose sides both have four float statistics are
 judged at once over arrays (``verdict.summary_verdicts``, ``metrics.summary_diffs_rel_l2``: the
-same values as the row-by-row ``_summary_row``, which judges the others).
+same values as the row-by-row ``_summary_row``, which judges the others); such a row is built as
+its tuple directly (``_stats_row``, no row dict), and its statistics and judged number cells go
+into the typed columns as those arrays (``_patched``; the row holds a value of the same type there
+until then, so a column's type is that of its final values).
 """
 from __future__ import annotations
 
 import math
 import os
+from itertools import chain
 from operator import itemgetter
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple, Union
@@ -48,8 +52,8 @@ from pytest_ptdbg.comparison.binding import bind_apis
 from pytest_ptdbg.comparison.operands import cross_operands
 from pytest_ptdbg.comparison.pairing import dtype_class, pair_dumps
 from pytest_ptdbg.comparison.rule import Rule
-from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, SUMMARY_COLUMNS, SUMMARY_DIFF_COLUMNS,
-                                             CompareTable)
+from pytest_ptdbg.comparison.schema import (FULL_COLUMNS, INTERNAL_COLUMNS, STAT_COLUMNS, SUMMARY_COLUMNS,
+                                             SUMMARY_DIFF_COLUMNS, CompareTable)
 from pytest_ptdbg.dump import npy
 from pytest_ptdbg.dump.reader import ApiRec, Dump, TensorRec
 from pytest_ptdbg.runtime.gc_pause import paused_gc
@@ -150,25 +154,34 @@ def _compare_job(nt: _Saved, bt: _Saved, tol: _Tol) -> Tuple[Optional[M.PairMetr
                 s.close()
 
 
-def _pair_tensors(na: Optional[ApiRec], ba: Optional[ApiRec],
-                  skip: Callable[[TensorRec], bool] = lambda t: False,
-                  skip_bench: Optional[Callable[[TensorRec], bool]] = None) -> List[_Pair]:
-    """The tensor records of two paired calls, paired by their bound slot (``TensorRec.param``);
-    ``skip`` leaves records out (``skip_bench`` on the bench side, when it differs)."""
-    skip_b = skip if skip_bench is None else skip_bench
-    nts = [t for t in na.tensors if not skip(t)] if na else []
-    bts = [t for t in ba.tensors if not skip_b(t)] if ba else []
-    by_slot = {t.param or t.slot: t for t in bts}
+def _pair_records(nts: Sequence[TensorRec], bts: Sequence[TensorRec]) -> List[_Pair]:
+    """Two paired calls' tensor records (``nts`` of the NPU call, ``bts`` of the bench call, each in
+    record order), paired by their bound slot (``TensorRec.param``, else the recorded slot): the NPU
+    records in order, each with the bench record of its slot or None, then the bench records of
+    slots the NPU side lacks."""
+    n_keys = [t.param or t.slot for t in nts]
+    b_keys = [t.param or t.slot for t in bts]
+    if n_keys == b_keys and len(set(b_keys)) == len(b_keys):
+        return list(zip(nts, bts))   # the usual case: the same slots in the same order, each once
+    by_slot = dict(zip(b_keys, bts))
     used = set()
     out: List[_Pair] = []
-    for t in nts:
-        s = t.param or t.slot
+    for t, s in zip(nts, n_keys):
         b = by_slot.get(s)
         if b is not None:
             used.add(s)
         out.append((t, b))
-    out.extend((None, b) for b in bts if (b.param or b.slot) not in used)
+    out.extend((None, b) for b, s in zip(bts, b_keys) if s not in used)
     return out
+
+
+def _split_scalars(ts: Sequence[TensorRec]) -> Tuple[List[TensorRec], List[TensorRec]]:
+    """``(tensor records, Python number records)`` of a call, each in record order."""
+    tensors: List[TensorRec] = []
+    scalars: List[TensorRec] = []
+    for t in ts:
+        (scalars if A.is_scalar_record(t) else tensors).append(t)
+    return tensors, scalars
 
 
 def _either(nt: Optional[TensorRec], bt: Optional[TensorRec]) -> TensorRec:
@@ -176,14 +189,6 @@ def _either(nt: Optional[TensorRec], bt: Optional[TensorRec]) -> TensorRec:
     t = nt or bt
     assert t is not None, "a tensor pair has at least one side"
     return t
-
-
-def _not_left_over(used: Set[str]) -> Callable[[TensorRec], bool]:
-    """Skips all but the scalar records the call specs do not account for: ``used`` holds the
-    record slots an argument row stands for, on one side."""
-    def skip(t: TensorRec) -> bool:
-        return not A.is_scalar_record(t) or t.slot in used
-    return skip
 
 
 def _loader(t: TensorRec) -> np.ndarray:
@@ -327,15 +332,71 @@ def _row(nt: Optional[TensorRec], bt: Optional[TensorRec], api: ApiRec, na: Opti
     return r
 
 
-def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack: Optional[list], summary: bool, rule: Rule,
+#: the columns of a summary compare, in the order :func:`_stats_row` gives its values
+_STATS_ROW_COLUMNS = ("NPU Name", "Bench Name", "NPU Tensor Dtype", "Bench Tensor Dtype", "NPU Tensor Shape",
+                      "Bench Tensor Shape", "Max diff", "Min diff", "Mean diff", "L2norm diff",
+                      "NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean",
+                      "Bench l2norm", "Accuracy Reached or Not", "Err_message", "_api", "_bench_api", "_family",
+                      "_direction", "_io", "_index", "_order", "_ctx", "_stack", "_paired", "_rel_l2",
+                      "_nan_mismatch", "_npu_nonfinite", "_bench_nonfinite", "_passed", "_unusable", "_arg",
+                      "_arg_changed", "_code_path")
+assert list(_STATS_ROW_COLUMNS) == [str(c) for c in SUMMARY_COLUMNS + INTERNAL_COLUMNS], \
+    "_stats_row gives the summary compare's columns in their order"
+
+
+def _four_float_pair(nt: TensorRec, bt: TensorRec) -> Optional[Tuple[int, int]]:
+    """The nonfinite counts (:func:`_nonfinite_from_stats`) of two records whose statistics are both
+    four floats (:func:`_four_floats`); None when they are not."""
+    ns, bs = nt.stats, bt.stats
+    if ns.__class__ is not list or bs.__class__ is not list or len(ns) != 4 or len(bs) != 4:
+        return None
+    n0, n1, n2, n3 = ns
+    b0, b1, b2, b3 = bs
+    if not (n0.__class__ is float and n1.__class__ is float and n2.__class__ is float and n3.__class__ is float
+            and b0.__class__ is float and b1.__class__ is float and b2.__class__ is float
+            and b3.__class__ is float):
+        return None
+    fin = _isfinite
+    e = nt.extra
+    nnf = nt.nonfinite if "nan" in e or "inf" in e else \
+        int(not (fin(n0) and fin(n1) and fin(n2) and fin(n3)))
+    e = bt.extra
+    bnf = bt.nonfinite if "nan" in e or "inf" in e else \
+        int(not (fin(b0) and fin(b1) and fin(b2) and fin(b3)))
+    return nnf, bnf
+
+
+_isfinite = math.isfinite
+_NAN = math.nan
+
+
+def _stats_row(nt: TensorRec, bt: TensorRec, na: ApiRec, ba: ApiRec, stack: Optional[list], nnf: int,
+               bnf: int) -> tuple:
+    """The row :func:`_row` makes for a pair of a summary compare whose statistics are four floats on
+    both sides (``nt`` of call ``na``, ``bt`` of ``ba``; nonfinite counts ``nnf``, ``bnf``), as one
+    tuple in column order (:data:`_STATS_ROW_COLUMNS`), no dict; its statistics cells are NaN,
+    filled in from arrays with the cells :func:`_summary_rows` judges (:data:`_DEFERRED_COLUMNS`)."""
+    nan = _NAN
+    return (nt.name, bt.name, nt.dtype, bt.dtype, _shape_list(nt.shape), _shape_list(bt.shape),
+            nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, "", "",
+            na.key, ba.key, na.family, na.direction, nt.io, nt.index_str, na.order, na.ctx or ba.ctx, stack, True,
+            nan, False, nnf, bnf, True, False, "", False, "")
+
+
+def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, n_num: List[TensorRec], b_num: List[TensorRec],
+              stack: Optional[list], summary: bool, rule: Rule,
               th: V.Thresholds) -> Tuple[List[dict], Set[str], Set[str]]:
-    """One row per argument leaf of a paired call; the record slots they stand for on each side."""
+    """One row per argument leaf of a paired call (``n_num``, ``b_num``: its Python number records
+    on each side); the record slots they stand for on each side."""
     rows = []
-    n_rec = {t.slot: t for t in na.tensors if A.is_scalar_record(t)}
-    b_rec = {t.slot: t for t in ba.tensors if A.is_scalar_record(t)}
+    n_rec = {t.slot: t for t in n_num}
+    b_rec = {t.slot: t for t in b_num}
     used_n: Set[str] = set()
     used_b: Set[str] = set()
     sep_n, sep_b = A.name_sep(na.key), A.name_sep(ba.key)
+    nan, missing, leaf_value, leaf_dtype, isfinite = math.nan, A.MISSING, A.leaf_value, A.leaf_dtype, math.isfinite
+    key, bench_key, family, direction, order = na.key, ba.key, na.family, na.direction, na.order
+    ctx = na.ctx or ba.ctx
     for leaf in leaves:
         if leaf.status == "ignored" and not (leaf.npu_slot in n_rec or leaf.bench_slot in b_rec):
             continue   # ignored and not recorded either side: nothing to show
@@ -343,49 +404,49 @@ def _arg_rows(leaves: List[A.ArgLeaf], na: ApiRec, ba: ApiRec, stack: Optional[l
         used_n.add(leaf.npu_slot)
         used_b.add(leaf.bench_slot)
         sub = "".join(f".{i}" for i in leaf.path)
-        r = _row(nrec, brec, na, na, ba, stack, summary)
-        have_n, have_b = leaf.npu_value is not A.MISSING, leaf.bench_value is not A.MISSING
-        r["NPU Name"] = nrec.name if nrec else (
-            f"{na.key}{sep_n}{leaf.npu_slot or 'input.' + leaf.param + sub}" if have_n else "")
-        r["Bench Name"] = brec.name if brec else (
-            f"{ba.key}{sep_b}{leaf.bench_slot or 'input.' + leaf.param + sub}" if have_b else "")
-        r["NPU Tensor Dtype"] = nrec.dtype if nrec else (A.leaf_dtype(leaf.npu_value) if have_n else "")
-        r["Bench Tensor Dtype"] = brec.dtype if brec else (A.leaf_dtype(leaf.bench_value) if have_b else "")
-        r["NPU Tensor Shape"] = []
-        r["Bench Tensor Shape"] = []
-        a, b = A.leaf_value(leaf.npu_value), A.leaf_value(leaf.bench_value)
-        for side, v in (("NPU", a), ("Bench", b)):
-            for k in ("max", "min", "mean"):
-                r[f"{side} {k}"] = v if v is not None else math.nan
-            r[f"{side} l2norm"] = abs(v) if v is not None else math.nan
-        r["_io"] = "input"
-        r["_index"] = (leaf.npu_slot or leaf.bench_slot or "input." + leaf.param + sub)[len("input."):]
-        r["_paired"] = have_n and have_b
-        r["_arg"] = leaf.param
-        r["_npu_nonfinite"] = int(a is not None and not math.isfinite(a))
-        r["_bench_nonfinite"] = int(b is not None and not math.isfinite(b))
-        # an argument row carries no tensor error (_rel_l2 0, no summary diffs): what it says is
-        # _arg_changed; its values are in the statistics columns, their difference in MaxAbsErr
-        r["_rel_l2"] = 0.0 if have_n and have_b else math.nan
-        if a is not None and b is not None and not summary:
-            m = M.compare_arrays(np.array(a), np.array(b), eps=M.zero_eps(r["Bench Tensor Dtype"]))
-            r["MaxAbsErr"], r["MaxRelativeErr"] = m.max_abs_err, m.max_rel_err
-            r["One Thousandth Err Ratio"], r["Five Thousandths Err Ratio"] = m.one_thousandth, m.five_thousandths
+        nv, bv = leaf.npu_value, leaf.bench_value
+        have_n, have_b = nv is not missing, bv is not missing
+        n_dtype = nrec.dtype if nrec else (leaf_dtype(nv) if have_n else "")
+        b_dtype = brec.dtype if brec else (leaf_dtype(bv) if have_b else "")
+        a, b = leaf_value(nv), leaf_value(bv)
         status, message = leaf.status, leaf.message
         if status == "changed" and rule == Rule.DTYPE and a is not None and b is not None \
-                and not isinstance(leaf.npu_value, bool) and not isinstance(leaf.bench_value, bool):
+                and not isinstance(nv, bool) and not isinstance(bv, bool):
             # the dtype rule's tolerances (the user's rtol/atol) apply to numbers, arguments included
-            rtol, atol = V.tolerance(r["NPU Tensor Dtype"], r["Bench Tensor Dtype"], th)
+            rtol, atol = V.tolerance(n_dtype, b_dtype, th)
             if abs(a - b) <= atol + rtol * abs(b):
                 status, message = "same", f"{leaf.message} (within the dtype rule's tolerance)"
-        if status == "changed":
-            r["Accuracy Reached or Not"] = "No"
-            r["_passed"] = False
-            r["_arg_changed"] = True
-        else:
-            r["Accuracy Reached or Not"] = "Yes" if status == "same" else ""
-            r["_passed"] = True
-        r["Err_message"] = message
+        changed = status == "changed"
+        an = a if a is not None else nan
+        bn = b if b is not None else nan
+        # an argument row carries no tensor error (_rel_l2 0, no summary diffs): what it says is
+        # _arg_changed; its values are in the statistics columns, their difference in MaxAbsErr.
+        # Both kinds of compare's metric cells are here (the table takes its own columns).
+        r = {"NPU Name": nrec.name if nrec else (f"{key}{sep_n}{leaf.npu_slot or 'input.' + leaf.param + sub}"
+                                                 if have_n else ""),
+             "Bench Name": brec.name if brec else (
+                 f"{bench_key}{sep_b}{leaf.bench_slot or 'input.' + leaf.param + sub}" if have_b else ""),
+             "NPU Tensor Dtype": n_dtype, "Bench Tensor Dtype": b_dtype, "NPU Tensor Shape": [],
+             "Bench Tensor Shape": [],
+             "Max diff": nan, "Min diff": nan, "Mean diff": nan, "L2norm diff": nan,
+             "Cosine": nan, "MaxAbsErr": nan, "MaxRelativeErr": nan, "One Thousandth Err Ratio": nan,
+             "Five Thousandths Err Ratio": nan,
+             "NPU max": an, "NPU min": an, "NPU mean": an, "NPU l2norm": abs(a) if a is not None else nan,
+             "Bench max": bn, "Bench min": bn, "Bench mean": bn, "Bench l2norm": abs(b) if b is not None else nan,
+             "Accuracy Reached or Not": "No" if changed else ("Yes" if status == "same" else ""),
+             "Err_message": message,
+             "_api": key, "_bench_api": bench_key, "_family": family, "_direction": direction, "_io": "input",
+             "_index": (leaf.npu_slot or leaf.bench_slot or "input." + leaf.param + sub)[len("input."):],
+             "_order": order, "_ctx": ctx, "_stack": stack, "_paired": have_n and have_b,
+             "_rel_l2": 0.0 if have_n and have_b else nan, "_nan_mismatch": False,
+             "_npu_nonfinite": int(a is not None and not isfinite(a)),
+             "_bench_nonfinite": int(b is not None and not isfinite(b)),
+             "_passed": not changed, "_unusable": False, "_arg": leaf.param, "_arg_changed": changed,
+             "_code_path": ""}
+        if a is not None and b is not None and not summary:
+            m = M.compare_arrays(np.array(a), np.array(b), eps=M.zero_eps(b_dtype))
+            r["MaxAbsErr"], r["MaxRelativeErr"] = m.max_abs_err, m.max_rel_err
+            r["One Thousandth Err Ratio"], r["Five Thousandths Err Ratio"] = m.one_thousandth, m.five_thousandths
         rows.append(r)
     return rows, used_n, used_b
 
@@ -437,17 +498,30 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
             if na is not None and ba is not None else None
         arg_rows: List[dict] = []
         if na is not None and ba is not None and leaves is not None:
-            pairs = _pair_tensors(na, ba, A.is_scalar_record)
-            arg_rows, used_n, used_b = _arg_rows(leaves, na, ba, stack, summary, rule, th)
+            n_ten, n_num = _split_scalars(na.tensors)
+            b_ten, b_num = _split_scalars(ba.tensors)
+            pairs = _pair_records(n_ten, b_ten)
+            arg_rows, used_n, used_b = _arg_rows(leaves, na, ba, n_num, b_num, stack, summary, rule, th)
             # scalar records the call specs do not account for: compared slot by slot
-            pairs += _pair_tensors(na, ba, _not_left_over(used_n), _not_left_over(used_b))
+            n_left = [t for t in n_num if t.slot not in used_n]
+            b_left = [t for t in b_num if t.slot not in used_b]
+            if n_left or b_left:
+                pairs += _pair_records(n_left, b_left)
         else:
-            pairs = _pair_tensors(na, ba)
+            pairs = _pair_records(na.tensors if na else (), ba.tensors if ba else ())
         n_inputs = sum(1 for nt, bt in pairs if _either(nt, bt).io == "input") if arg_rows else 0
         for k, (nt, bt) in enumerate(pairs):
             if arg_rows and k == n_inputs:
                 rows.extend(arg_rows)
                 arg_rows = []
+            if summary and nt is not None and bt is not None and na is not None and ba is not None \
+                    and tuple(nt.shape) == tuple(bt.shape) \
+                    and (nt.dtype == bt.dtype or dtype_class(nt.dtype) == dtype_class(bt.dtype)):
+                nf = _four_float_pair(nt, bt)
+                if nf is not None:
+                    # the common case: judged with the others at once over arrays (_summary_rows)
+                    deferred.append((rows.add(_stats_row(nt, bt, na, ba, stack, *nf)), nt, bt) + nf)
+                    continue
             r = _row(nt, bt, api, na, ba, stack, summary)
             if nt is None or bt is None:
                 if na is None or ba is None:
@@ -464,11 +538,8 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
             elif dtype_class(nt.dtype) != dtype_class(bt.dtype):
                 _unusable(r, f"dtype class changed: NPU {nt.dtype} ({dtype_class(nt.dtype)}) vs bench "
                              f"{bt.dtype} ({dtype_class(bt.dtype)})")
-            elif summary:
-                if _four_floats(nt.stats) and _four_floats(bt.stats):
-                    deferred.append((len(rows), nt, bt, r["_npu_nonfinite"], r["_bench_nonfinite"]))
-                else:
-                    _summary_row(r, nt, bt, rule, th)
+            elif summary:   # statistics that are not four floats (the others are deferred above)
+                _summary_row(r, nt, bt, rule, th)
             elif nt.data_file and bt.data_file:
                 tol: _Tol = None
                 if rule == Rule.DTYPE:
@@ -506,14 +577,17 @@ def _build_table(npu: Dump, bench: Dump, summary: Optional[bool], stack_mode: bo
         _run_jobs(data, jobs, rule, th, problems, tell, workers)
         bar.close()
     jobs = []
-    if deferred:
-        _summary_rows(data, deferred, rule, th)
+    rows_judged, judged = _summary_rows(data, deferred, rule, th) if deferred else (np.zeros(0, np.intp), {})
     deferred = []
     import pandas as pd   # here, not at import: worker processes import this module (runtime/pool.py)
 
     # from columns (pandas builds a frame from a list of dicts cell by cell), each column of one
     # Python type as its numpy array (what pandas would infer from the list, without inferring)
-    df = pd.DataFrame({c: _typed(data.pop(c)) for c in cols}, columns=cols) if n_rows \
+    def column(c: str) -> Union[list, np.ndarray]:
+        col = _typed(data.pop(c))
+        return _patched(col, rows_judged, judged[c]) if c in judged else col
+
+    df = pd.DataFrame({c: column(c) for c in cols}, columns=cols) if n_rows \
         else pd.DataFrame({c: [] for c in cols})
     df.attrs.update({"summary_compare": bool(summary), "stack_mode": bool(stack_mode), "rule": rule,
                      "pairing": pairing})
@@ -581,6 +655,14 @@ class _Columns:
 
     def __len__(self) -> int:
         return self._done + len(self.rows)
+
+    def add(self, values: tuple) -> int:
+        """A finished row given as its values in column order; returns its index."""
+        i = self._done + len(self.rows)
+        self.rows.append(values)
+        if len(self.rows) >= ROWS_PER_BLOCK:
+            self._flush()
+        return i
 
     def append(self, r: dict) -> None:
         self.rows.append(self._get(r))
@@ -676,15 +758,26 @@ def _four_floats(stats: M.Stats) -> bool:
     return a.__class__ is float and b.__class__ is float and c.__class__ is float and d.__class__ is float
 
 
-def _summary_rows(data: Dict[str, list], deferred: list, rule: Rule, th: V.Thresholds) -> None:
+#: the cells of a deferred row (:func:`_stats_row`) that :func:`_summary_rows` gives as arrays:
+#: the row holds a value of the same Python type there (NaN, True, False), so that the column's
+#: type (:func:`_typed`) is the one of its final values
+_DEFERRED_COLUMNS = tuple(str(c) for c in SUMMARY_DIFF_COLUMNS + STAT_COLUMNS) + ("_rel_l2", "_passed",
+                                                                                  "_nan_mismatch")
+
+
+def _summary_rows(data: Dict[str, list], deferred: list, rule: Rule,
+                  th: V.Thresholds) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
     """:func:`_summary_row` of the rows whose two sides both have four float statistics, at once
-    over arrays (``verdict.summary_verdicts``, ``metrics.summary_diffs_rel_l2``): the same values
-    in the column lists ``data``."""
-    idx = [d[0] for d in deferred]
-    n = np.array([d[1].stats for d in deferred], dtype=np.float64)
-    b = np.array([d[2].stats for d in deferred], dtype=np.float64)
-    nnf = np.array([d[3] for d in deferred], dtype=np.int64)
-    bnf = np.array([d[4] for d in deferred], dtype=np.int64)
+    over arrays (``verdict.summary_verdicts``, ``metrics.summary_diffs_rel_l2``): the same values.
+    The text cells are set in the column lists ``data``; returned: the rows, and the values of
+    their :data:`_DEFERRED_COLUMNS` cells (float64 or bool arrays), to set with :func:`_patched`."""
+    m = len(deferred)
+    idx = np.fromiter(map(itemgetter(0), deferred), np.intp, m)
+    # four floats a side (checked when the row was deferred): one flat run each, not m small lists
+    n = np.fromiter(chain.from_iterable([d[1].stats for d in deferred]), np.float64, 4 * m).reshape(m, 4)
+    b = np.fromiter(chain.from_iterable([d[2].stats for d in deferred]), np.float64, 4 * m).reshape(m, 4)
+    nnf = np.fromiter(map(itemgetter(3), deferred), np.int64, m)
+    bnf = np.fromiter(map(itemgetter(4), deferred), np.int64, m)
     rt = at = sizes = None
     if rule == Rule.DTYPE:
         tols: dict = {}
@@ -696,20 +789,31 @@ def _summary_rows(data: Dict[str, list], deferred: list, rule: Rule, th: V.Thres
         sizes = np.array([float(max(math.prod(int(s) for s in d[1].shape), 1)) for d in deferred])
     codes, mism = V.summary_verdicts(n, b, nnf, bnf, rule, th, rt, at, sizes)
     diffs, rel = M.summary_diffs_rel_l2(n, b)
+    cells: Dict[str, np.ndarray] = {}
     for k, c in enumerate(SUMMARY_DIFF_COLUMNS):
-        col, vals = data[c], diffs[:, k].tolist()
-        for i, v in zip(idx, vals):
-            col[i] = v
+        cells[str(c)] = diffs[:, k]
+    for k, c in enumerate(STAT_COLUMNS):
+        cells[str(c)] = (n if k < 4 else b)[:, k % 4]
+    cells["_rel_l2"], cells["_passed"], cells["_nan_mismatch"] = rel, codes != 2, mism
+    assert set(cells) == set(_DEFERRED_COLUMNS)
     text = V.VERDICT_TEXT
-    acc, msg, passed = data["Accuracy Reached or Not"], data["Err_message"], data["_passed"]
-    rl2, nm = data["_rel_l2"], data["_nan_mismatch"]
+    acc, msg = data["Accuracy Reached or Not"], data["Err_message"]
     bad_msg = "NaN/Inf counts or statistics do not match"
-    for i, code, m, r in zip(idx, codes.tolist(), mism.tolist(), rel.tolist()):
+    for i, code, bad in zip(idx.tolist(), codes.tolist(), mism.tolist()):
         acc[i] = text[code]
-        passed[i] = code != 2
-        msg[i] = bad_msg if m else ""
-        rl2[i] = r
-        nm[i] = m
+        msg[i] = bad_msg if bad else ""
+    return idx, cells
+
+
+def _patched(col: Union[list, np.ndarray], rows: np.ndarray, values: np.ndarray) -> Union[list, np.ndarray]:
+    """The typed column ``col`` (:func:`_typed`) with its cells ``rows`` set to ``values``: into the
+    array, or, where it stayed a list, each cell as the Python value."""
+    if isinstance(col, np.ndarray):
+        col[rows] = values
+        return col
+    for i, v in zip(rows.tolist(), values.tolist()):
+        col[i] = v
+    return col
 
 
 def _typed(values: list) -> Union[list, np.ndarray]:
