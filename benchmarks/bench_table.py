@@ -1,11 +1,11 @@
 """Time (or profile) ``build_table`` alone on the ``--big`` statistics pair, without reading the dumps.
 
 ``python benchmarks/bench_table.py [--dir /tmp/ptdbg_bench_compare] [--big 50000] [--reps 3]
-[--profile] [--top 40] [--roots ROOT,ROOT...] [--digest] [--cache FILE]``; make the pair first with
+[--profile] [--top 40] [--roots ROOT,ROOT...] [--digest]``; make the pair first with
 ``python benchmarks/bench_compare.py --big 50000``.
 
-Both dumps are read once and pickled; each repetition unpickles a fresh copy (``bind_apis``
-mutates the records) and times ``build_table(npu, bench, summary=True)`` only. ``--roots``: the
+Each repetition reads both dumps afresh (``bind_apis`` mutates the records; never a pickled
+copy: dumps are data) and times ``build_table(npu, bench, summary=True)`` only. ``--roots``: the
 package trees to time, each in its own process, alternated rep by rep (old vs new in one run);
 ``--digest`` prints a hash of the table (values and dtypes), to see two trees build the same one.
 
@@ -30,11 +30,8 @@ def _one(a: argparse.Namespace) -> None:
     import cProfile
     import gc
     import hashlib
-    import pickle
     import pstats
 
-    import torch
-    torch.set_num_threads(1)
     from pytest_ptdbg.comparison.table import build_table
     from pytest_ptdbg.dump.reader import read_dump
     from pytest_ptdbg.format import records
@@ -42,17 +39,10 @@ def _one(a: argparse.Namespace) -> None:
     import pandas  # noqa: F401  (imported by the compare before the table; not timed here)
 
     base = os.path.join(a.dir, f"big{a.big}_stats")
-    if a.cache and os.path.isfile(a.cache):
-        with open(a.cache, "rb") as f:
-            blob = f.read()
-    else:
-        blob = pickle.dumps([read_dump(records.rank_dir(base + s)) for s in ("_npu", "_bench")], protocol=5)
-        if a.cache:
-            with open(a.cache, "wb") as f:
-                f.write(blob)
     times = []
     for rep in range(a.reps):
-        npu, bench = pickle.loads(blob)
+        # read afresh for each repetition (bind_apis mutates the records), not timed
+        npu, bench = (read_dump(records.rank_dir(base + s)) for s in ("_npu", "_bench"))
         gc.collect()
         prof = cProfile.Profile() if a.profile else None
         t0 = time.perf_counter()
@@ -84,8 +74,6 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--digest", action="store_true")
-    ap.add_argument("--cache", default="", help="pickle of the two read dumps (made when missing; the "
-                    "reader's classes must pickle the same in every tree timed)")
     ap.add_argument("--roots", default="", help="comma-separated package trees, timed alternately")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -96,7 +84,7 @@ def main() -> None:
         return
     roots = a.roots.split(",")
     got: dict = {r: [] for r in roots}
-    args = ["--child", "--dir", a.dir, "--big", str(a.big), "--reps", "1", "--cache", a.cache]
+    args = ["--child", "--dir", a.dir, "--big", str(a.big), "--reps", "1"]
     args += ["--digest"] if a.digest else []
     for rep in range(a.reps):
         for r in (roots if rep % 2 == 0 else roots[::-1]):
