@@ -42,6 +42,8 @@ LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 TEST_EXIT_ENV = "PTDBG_DIST_TEST_EXIT_PROCESS"
 #: root causes kept per rank in the summary
 MAX_CAUSES = 3
+#: a process file's rank count beyond this is not believed (the merge lists every rank below it)
+MAX_RANKS = 1 << 20
 
 PASSED, FAILED, ERROR, MISSING, LOST, INTERRUPTED = "passed", "failed", "error", "missing", "lost", "interrupted"
 
@@ -116,6 +118,9 @@ class Assignment:
     """The ranks one process compares: ``{rank: (device folder or None, bench folder or None, note)}``."""
 
     ranks: Dict[int, Tuple[Optional[str], Optional[str], str]]
+    #: how many ranks this process found the job to have (its highest rank found + 1): the merge
+    #: lists every one of them, even those whose processes were lost before reporting
+    n_ranks: int = 0
 
 
 def assign(proc: Process, npu_step: str, bench_step: str, template: Optional[str] = None,
@@ -127,7 +132,7 @@ def assign(proc: Process, npu_step: str, bench_step: str, template: Optional[str
         found = sorted(set(npu) | set(bench))
         for rank in found[proc.local_rank::max(1, proc.local_world)]:
             out[rank] = (npu.get(rank), bench.get(rank), "")
-        return Assignment(out)
+        return Assignment(out, found[-1] + 1 if found else 0)
     if n_ranks is None:
         found_all = set(template_ranks(template, npu_step)) | set(template_ranks(template, bench_step))
         n_ranks = max(found_all) + 1 if found_all else 0
@@ -140,7 +145,7 @@ def assign(proc: Process, npu_step: str, bench_step: str, template: Optional[str
                 note = f"rank{rank}: the template names several folders: {paths}"
             sides.append(paths[0] if len(paths) == 1 else None)
         out[rank] = (sides[0], sides[1], note)
-    return Assignment(out)
+    return Assignment(out, n_ranks)
 
 
 # ------------------------------------------------------------------------------------- summaries
@@ -270,8 +275,11 @@ def merge(processes: Dict[int, Optional[Dict[str, Any]]], world: int, n_ranks: O
                 ranks[rank] = dict(rank_summary(rank, None, None, state=INTERRUPTED,
                                                 error=f"process {p} stopped before comparing rank{rank}"
                                                       + (f" ({s['error']})" if s.get("error") else "")), process=p)
-    # a missing rank already named by one process may be found by another (several nodes)
-    n = n_ranks if n_ranks is not None else (max(ranks) + 1 if ranks else 0)
+    # a missing rank already named by one process may be found by another (several nodes); the
+    # ranks the processes found (the highest ones may belong to a process lost before reporting)
+    found = [s["n_ranks"] for s in processes.values() if isinstance(s, dict) and type(s.get("n_ranks")) is int
+             and 0 <= s["n_ranks"] <= MAX_RANKS]
+    n = n_ranks if n_ranks is not None else max([max(ranks) + 1 if ranks else 0] + found)
     for rank in range(n):
         if rank not in ranks:
             if lost_processes:
@@ -402,6 +410,7 @@ def run(npu_step: str, bench_step: str, output_path: str, options: Any, timeout_
         try:
             assignment = assign(proc, npu_step, bench_step, template, n_ranks)
             summary["ranks"] = sorted(assignment.ranks)
+            summary["n_ranks"] = assignment.n_ranks
             compare_assigned(assignment, output_path, run_stem, options, proc, done)
         except Terminated:
             summary["error"] = "terminated (SIGTERM) before all its ranks were compared"

@@ -171,3 +171,24 @@ def test_a_process_that_failed_before_comparing_fails_the_job_even_when_every_ra
     assert merged["process_errors"] == {"1": "/node1/step0: not a step folder"}
     text = distributed.merged_text(merged, "dev", "bench")
     assert "Process 1 failed: /node1/step0: not a step folder" in text and "1 process(es) failed" in text
+
+
+def test_merge_lists_the_highest_ranks_of_processes_lost_before_reporting():
+    """Processes 2 and 3 (ranks 2, 6, 10, 14 and 3, 7, 11, 15) were lost before reporting: the
+    ranks the others found (16) are all listed, 14 and 15 too, lost, and the job fails; a process
+    file's impossible rank count is not believed."""
+    def passed(ranks):
+        out = [distributed.rank_summary(r, "d", "b", state="passed") for r in ranks]
+        for r in out:
+            r["state"] = "passed"
+        return out
+
+    procs = {0: {"process": 0, "ranks": [0, 4, 8, 12], "n_ranks": 16, "results": passed([0, 4, 8, 12]), "error": ""},
+             1: {"process": 1, "ranks": [1, 5, 9, 13], "n_ranks": 16, "results": passed([1, 5, 9, 13]), "error": ""},
+             2: None, 3: None}
+    merged = distributed.merge(procs, 4, None, [0, 1])
+    assert merged["expected_ranks"] == 16 and len(merged["ranks"]) == 16 and not merged["passed"]
+    by_rank = {x["rank"]: x for x in merged["ranks"]}
+    assert all(by_rank[r]["state"] == "lost" for r in (2, 3, 6, 7, 10, 11, 14, 15))
+    procs[1]["n_ranks"] = 10 ** 12
+    assert distributed.merge(procs, 4, None, [0, 1])["expected_ranks"] == 16
