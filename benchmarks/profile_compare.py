@@ -14,6 +14,12 @@ row dicts, ``_arg_rows`` 3.4 s, pairing ``pair_dumps`` 3.6 s, ``bind_apis`` 3.3 
 (``statistics_causes`` 3.3 s); CSV 3.1 s (``column_cells`` 2.3 s for 400 column chunks: the float
 formatting); advisor 1.5 s. So the reader (one Python object per record, per-record validation in
 Python) is the largest share, then per-row objects in the table; CSV formatting is ~10 %.
+
+``--stages`` 2026-12-04 19:52 (load ~1.5; after the reader's fused path, before the table work of
+that evening): compare() 9.98 s = reading both dumps 3.71 s, the table 3.64 s, judging 0.39 s, the
+reports 2.01 s (CSV, advice and HTML written 1.39 s, of which formatting the CSV's cells ~1.3 s;
+advisor 0.37 s; HTML 0.24 s). cProfile roughly doubles the per-call Python work, so its shares
+above overstate reading and the table against numpy and the CSV.
 """
 import argparse
 import cProfile
