@@ -67,8 +67,11 @@ def test_every_line_of_a_real_dump_parses_as_json_loads(dump_step):
     assert n_fast > 1000    # the writer's tensor records all take the fast path
 
 
-def test_real_dump_reads_the_same_without_the_fast_path(dump_step, monkeypatch):
-    d = dump_step("d", "tiny_gpt")
+@pytest.mark.parametrize("summary_only", [False, True], ids=["full", "statistics"])
+def test_real_dump_reads_the_same_without_the_fast_path(dump_step, monkeypatch, summary_only):
+    """A real step's records (naming their files, or statistics only: the fused path's two kinds)
+    read the same through the fast path as through ``json.loads`` and every check."""
+    d = dump_step("d", "tiny_gpt", summary_only=summary_only)
     fast = reader.read_dump(d.rank_dir)
 
     class Never:
@@ -82,10 +85,13 @@ def test_real_dump_reads_the_same_without_the_fast_path(dump_step, monkeypatch):
     fields = ("name", "api", "io", "index", "direction", "dtype", "shape", "stats", "extra", "line", "data_file",
               "data_problem", "slot")
     for a, b in zip(fast.apis, slow.apis):
-        assert (a.stack, a.ctx, a.family, a.order) == (b.stack, b.ctx, b.family, b.order)
+        assert (a.stack, a.ctx, a.family, a.order, a.sources) == (b.stack, b.ctx, b.family, b.order, b.sources)
         assert [[getattr(t, f) for f in fields] for t in a.tensors] == [[getattr(t, f) for f in fields]
                                                                          for t in b.tensors]
-    assert fast.problems == slow.problems and fast.has_data and slow.has_data
+    assert fast.problems == slow.problems and not fast.problems
+    assert fast.has_data == slow.has_data == (not summary_only)
+    assert fast.missing_data == slow.missing_data == ""
+    assert sum(1 for a in fast.apis if a.sources) > 20   # the dataflow came through
     assert os.path.basename(d.pkl) == records.pkl_name("api_stack")
 
 
